@@ -1,0 +1,38 @@
+# Thin wrappers: `make run` and `make test` each build the environment they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU installs pin the torch build that CI has on disk; set TORCH_SPEC to bring your own.
+TORCH_SPEC ?= torch==2.13.0
+MODELS ?= smollm2-135m-instruct llama3
+STAMP := $(VENV)/.tandem-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup run test lint bench protos clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(VENV)/bin/tandem models fetch $(MODELS)
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/tandem run --chat --prompt "Write a haiku about shared memory." --max-tokens 64
+
+test: setup
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

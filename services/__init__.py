@@ -1,0 +1,1 @@
+"""The processes (tokenizer, scheduler, worker, launcher), the client and the CLI."""

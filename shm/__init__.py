@@ -1,0 +1,1 @@
+"""POSIX shared memory for tensors between processes: segments, arenas, handles, rings."""
