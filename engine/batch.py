@@ -1,0 +1,30 @@
+"""The step contract between whoever schedules (the scheduler, or the offline loop) and the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.sampling import GREEDY, SamplingParams
+
+
+@dataclass
+class SeqInput:
+    seq_id: str
+    token_ids: Sequence[int]  # the new tokens: a prefill chunk, or the last sampled token
+    start_pos: int  # position of token_ids[0] in the sequence
+    block_table: Sequence[int]  # the sequence's KV blocks in order, covering every position
+    sampling: SamplingParams = GREEDY
+    sample: bool = True  # False for a prefill chunk that does not reach the end of the prompt
+    prompt_len: int = 0  # positions from here on are output tokens (presence/frequency penalties)
+    # Tokens before start_pos, needed once when a sequence with penalties first reaches an engine
+    # that has not seen its beginning (after a prefix-cache hit, or on a restarted worker).
+    prefix_ids: Sequence[int] | None = None
+
+
+@dataclass
+class SeqOutput:
+    seq_id: str
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)

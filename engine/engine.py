@@ -1,0 +1,179 @@
+"""`Engine.step(batch)`: one forward pass for a batch of sequences over a shared paged KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from engine.attention import build_metadata
+from engine.batch import SeqInput, SeqOutput
+from engine.config import ModelConfig
+from engine.errors import InvalidRequest
+from engine.kv_cache import KVCache
+from engine.loader import LoadedModel, load_model
+from engine.sampling import Sampler
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise InvalidRequest("dtype", f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def parse_device(name: str) -> torch.device:
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise InvalidRequest("device", f"unknown device {name!r}; choose cpu or cuda")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidRequest("device", "CUDA was asked for but no CUDA device is available")
+    return torch.device(name)
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, num_kv_blocks: int, block_size: int = 16) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config: ModelConfig = loaded.config
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        self.kv = KVCache(self.config, num_kv_blocks, block_size, self.dtype, self.device)
+        self.sampler = Sampler()
+        self._histories: dict[str, list[int]] = {}  # only for sequences with penalties
+
+    @classmethod
+    def from_path(
+        cls,
+        path: Path,
+        device: str = "cpu",
+        dtype: str = "float32",
+        kv_cache_bytes: int = 1 << 30,
+        block_size: int = 16,
+        progress: bool = True,
+    ) -> Engine:
+        loaded = load_model(path, parse_device(device), parse_dtype(dtype), progress)
+        per_block = KVCache.bytes_per_block(loaded.config, block_size, parse_dtype(dtype))
+        max_blocks = -(-loaded.config.max_seq_len // block_size)
+        return cls(loaded, max(1, min(kv_cache_bytes // per_block, 64 * max_blocks)), block_size)
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    def release(self, seq_ids: Iterable[str]) -> None:
+        """Forget per-sequence state of finished sequences (their blocks are the caller's)."""
+        for seq_id in seq_ids:
+            self._histories.pop(seq_id, None)
+
+    @torch.inference_mode()
+    def step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
+        """One forward for all of `batch`; one output per sequence that asked to sample."""
+        if not batch:
+            return []
+        self._validate(batch)
+        tokens: list[int] = []
+        positions: list[int] = []
+        for seq in batch:
+            tokens.extend(seq.token_ids)
+            positions.extend(range(seq.start_pos, seq.start_pos + len(seq.token_ids)))
+        meta = build_metadata(
+            [s.start_pos for s in batch],
+            [len(s.token_ids) for s in batch],
+            [list(s.block_table) for s in batch],
+            self.block_size,
+            self.device,
+        )
+        hidden = self.model(
+            torch.tensor(tokens, device=self.device),
+            torch.tensor(positions, device=self.device),
+            meta,
+            self.kv,
+        )  # (T, dim)
+        histories = [self._update_history(s) for s in batch]
+        sampled = [i for i, s in enumerate(batch) if s.sample]
+        if not sampled:
+            return []
+        ends, row = [], 0
+        for seq in batch:
+            row += len(seq.token_ids)
+            ends.append(row - 1)
+        rows = torch.tensor([ends[i] for i in sampled], device=self.device)
+        logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
+        out = self.sampler(
+            logits,
+            [batch[i].sampling for i in sampled],
+            [batch[i].start_pos + len(batch[i].token_ids) for i in sampled],
+            [histories[i] for i in sampled],
+        )
+        return self._to_outputs([batch[i] for i in sampled], out)
+
+    def _to_outputs(self, seqs: list[SeqInput], out) -> list[SeqOutput]:  # type: ignore[no-untyped-def]
+        # The step's one host sync: everything sampled comes back in a few .tolist() calls.
+        ids = out.token_ids.tolist()
+        lps = out.logprobs.tolist()
+        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        outputs = []
+        for i, seq in enumerate(seqs):
+            top: list[tuple[int, float]] = []
+            if top_ids is not None and top_lps is not None and seq.sampling.logprobs:
+                n = seq.sampling.logprobs
+                top = list(zip(top_ids[i][:n], top_lps[i][:n], strict=True))
+            outputs.append(SeqOutput(seq.seq_id, ids[i], lps[i], top))
+        return outputs
+
+    def _update_history(self, seq: SeqInput) -> tuple[list[int], int] | None:
+        if not seq.sampling.uses_penalties:
+            return None
+        history = self._histories.get(seq.seq_id)
+        if history is None:
+            history = list(seq.prefix_ids or ())
+            self._histories[seq.seq_id] = history
+        if len(history) < seq.start_pos:
+            raise InvalidRequest(
+                "prefix_ids",
+                f"sequence {seq.seq_id} starts at {seq.start_pos} but the engine knows only "
+                f"{len(history)} of its earlier tokens",
+            )
+        del history[seq.start_pos :]
+        history.extend(seq.token_ids)
+        return history, seq.prompt_len
+
+    def _validate(self, batch: Sequence[SeqInput]) -> None:
+        vocab = self.config.vocab_size
+        seen: set[str] = set()
+        for seq in batch:
+            if seq.seq_id in seen:
+                raise InvalidRequest("seq_id", f"{seq.seq_id} appears twice in one step")
+            seen.add(seq.seq_id)
+            if not seq.token_ids:
+                raise InvalidRequest("token_ids", f"sequence {seq.seq_id} has no new tokens")
+            if seq.start_pos < 0:
+                raise InvalidRequest("start_pos", f"sequence {seq.seq_id}: must be >= 0")
+            end = seq.start_pos + len(seq.token_ids)
+            if end > self.config.max_seq_len:
+                raise InvalidRequest(
+                    "token_ids",
+                    f"sequence {seq.seq_id} reaches position {end}, beyond the model's context "
+                    f"of {self.config.max_seq_len}",
+                )
+            if any(t < 0 or t >= vocab for t in seq.token_ids):
+                raise InvalidRequest(
+                    "token_ids", f"sequence {seq.seq_id} has ids outside [0, {vocab})"
+                )
+            if any(b < 0 or b >= self.kv.num_blocks for b in seq.block_table):
+                raise InvalidRequest(
+                    "block_table", f"sequence {seq.seq_id} names blocks outside the pool"
+                )
+            if len(seq.block_table) * self.block_size < end:
+                raise InvalidRequest(
+                    "block_table",
+                    f"sequence {seq.seq_id}: {len(seq.block_table)} blocks cannot hold {end} "
+                    "positions",
+                )

@@ -1,0 +1,185 @@
+"""Per-sequence sampling for a whole batch at once, with no host sync until the step's one `.tolist()`.
+
+Seeded sampling is reproducible whatever else is in the batch: a sequence's random draw for the
+token at position p comes from a counter-based hash of (seed, p, token id), not from a shared
+generator whose state depends on the other rows. The draw is the exponential race (Gumbel-max):
+argmax(probs / E) with E ~ Exp(1) picks a token with probability proportional to probs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidRequest
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 → greedy
+    top_k: int = 0  # 0 → off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # HF semantics, over prompt and output tokens
+    presence_penalty: float = 0.0  # OpenAI semantics, over output tokens
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logprobs: int = 0  # how many top alternatives to return with each token
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, ">= 0"),
+            ("top_k", self.top_k >= 0, ">= 0 (0 turns it off)"),
+            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
+            ("repetition_penalty", 0 < self.repetition_penalty <= 10, "in (0, 10]"),
+            ("presence_penalty", -2 <= self.presence_penalty <= 2, "in [-2, 2]"),
+            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
+            ("logprobs", 0 <= self.logprobs <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
+            ("seed", self.seed is None or 0 <= self.seed < 2**63, "in [0, 2**63)"),
+        )
+        for field, ok, rule in checks:
+            if not ok:
+                raise InvalidRequest(field, f"must be {rule}, got {getattr(self, field)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class SampledBatch:
+    token_ids: torch.Tensor  # (S,) int64
+    logprobs: torch.Tensor  # (S,) float32, of the sampled token under the model's distribution
+    top_ids: torch.Tensor | None  # (S, n) int64 when any row asked for top-n
+    top_logprobs: torch.Tensor | None  # (S, n) float32
+
+
+# splitmix64 constants, as signed int64 so torch's wrapping arithmetic reproduces them.
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    # Logical right shift on int64: torch's >> is arithmetic, so mask the sign extension away.
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(S, vocab) floats in (0, 1), a pure function of (seed, position, token id)."""
+    idx = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    z = seeds[:, None] * _GOLDEN + positions[:, None] * _MIX2 + idx[None, :] * _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    z = z ^ _shr(z, 31)
+    return (_shr(z, 40).float() + 0.5) / float(1 << 24)
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self._rng = random.Random()
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        positions: Sequence[int],
+        histories: Sequence[tuple[list[int], int] | None],
+    ) -> SampledBatch:
+        """logits: (S, V) fp32. positions[i]: where row i's token will go. histories[i]: the
+        sequence's tokens so far and its prompt length, for rows with penalties (else None)."""
+        device = logits.device
+        raw_logprobs = torch.log_softmax(logits, dim=-1)  # (S, V)
+        logits = self._apply_penalties(logits, params, histories)
+        chosen = logits.argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows, device=device)
+            sub = [params[i] for i in random_rows]
+            probs = self._filtered_probs(logits.index_select(0, rows), sub)
+            seeds = [p.seed if p.seed is not None else self._rng.getrandbits(63) for p in sub]
+            noise = uniform_noise(
+                torch.tensor(seeds, device=device),
+                torch.tensor([positions[i] for i in random_rows], device=device),
+                logits.shape[-1],
+            )
+            picked = (probs / -torch.log(noise)).argmax(dim=-1)  # exponential race
+            chosen = chosen.index_copy(0, rows, picked)
+        logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
+        n_top = max(p.logprobs for p in params)
+        top_ids = top_lp = None
+        if n_top:
+            top_lp, top_ids = raw_logprobs.topk(n_top, dim=-1)
+        return SampledBatch(chosen, logprobs, top_ids, top_lp)
+
+    @staticmethod
+    def _apply_penalties(
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        histories: Sequence[tuple[list[int], int] | None],
+    ) -> torch.Tensor:
+        rows = [i for i, p in enumerate(params) if p.uses_penalties]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        vocab = logits.shape[-1]
+        for i in rows:
+            history = histories[i]
+            if history is None:
+                raise ValueError(f"row {i} uses penalties but has no token history")
+            tokens, prompt_len = history
+            p = params[i]
+            row = logits[i]
+            ids = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+            if p.repetition_penalty != 1.0 and len(tokens):
+                seen = torch.unique(ids)
+                vals = row[seen]
+                row[seen] = torch.where(
+                    vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+                )
+            output = ids[prompt_len:]
+            if len(output) and (p.presence_penalty or p.frequency_penalty):
+                counts = torch.bincount(output, minlength=vocab).to(row.dtype)
+                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        return logits
+
+    @staticmethod
+    def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Temperature, then top-k, top-p and min-p, as renormalised probabilities (R, V)."""
+        device = logits.device
+        temps = torch.tensor([p.temperature for p in params], device=device)[:, None]
+        probs = torch.softmax(logits / temps, dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        if any(p.top_k > 0 or p.top_p < 1 for p in params):
+            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (R, V)
+            vocab = probs.shape[-1]
+            top_k = torch.tensor([p.top_k or vocab for p in params], device=device)[:, None]
+            ranks = torch.arange(vocab, device=device)[None, :]
+            drop = ranks >= top_k
+            top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+            kept = sorted_probs.masked_fill(drop, 0.0)
+            mass_before = kept.cumsum(dim=-1) - kept  # probability of the better-ranked tokens
+            drop |= mass_before >= top_p * kept.sum(dim=-1, keepdim=True)
+            drop[:, 0] = False  # the most likely token always stays
+            probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+        return probs / probs.sum(dim=-1, keepdim=True)
