@@ -1,4 +1,4 @@
-"""GPT-2's byte-level alphabet: every byte is written as one printable character in BPE vocabularies."""
+"""GPT-2's byte-level alphabet: BPE vocabularies write every byte as one printable character."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A tokenizer whose encoding runs in the Hugging Face `tokenizers` library (GGUF and tokenizer.json)."""
+"""A tokenizer whose encoding runs in Hugging Face `tokenizers` (GGUF and tokenizer.json)."""
 
 from __future__ import annotations
 

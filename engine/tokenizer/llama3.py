@@ -1,4 +1,4 @@
-"""The LLaMA-3 tokenizer: tiktoken BPE ranks from `tokenizer.model` plus Meta's 256 special tokens."""
+"""The LLaMA-3 tokenizer: tiktoken BPE ranks from `tokenizer.model`, Meta's 256 special tokens."""
 
 from __future__ import annotations
 
@@ -136,7 +136,5 @@ class Llama3Tokenizer(Tokenizer):
         allowed: str | set[str] = "all" if allow_special else set()
         ids: list[int] = []
         for part in _split_runs(text):
-            ids.extend(
-                self._encoding.encode(part, allowed_special=allowed, disallowed_special=())
-            )
+            ids.extend(self._encoding.encode(part, allowed_special=allowed, disallowed_special=()))
         return ids

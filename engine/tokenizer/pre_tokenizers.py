@@ -1,4 +1,4 @@
-"""How text is cut into words before BPE merges run, by the name GGUF gives it in `tokenizer.ggml.pre`."""
+"""How text is cut into words before BPE merges, by its GGUF name (`tokenizer.ggml.pre`)."""
 
 from __future__ import annotations
 
