@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel, load_model
-from engine.sampling import Sampler
+from engine.sampling import SampledBatch, Sampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,10 +73,8 @@ class Engine:
             self._histories.pop(seq_id, None)
 
     @torch.inference_mode()
-    def step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
-        """One forward for all of `batch`; one output per sequence that asked to sample."""
-        if not batch:
-            return []
+    def forward(self, batch: Sequence[SeqInput]) -> torch.Tensor:
+        """Write the batch's K/V into the cache and return its final hidden states (T, dim)."""
         self._validate(batch)
         tokens: list[int] = []
         positions: list[int] = []
@@ -89,21 +88,25 @@ class Engine:
             self.block_size,
             self.device,
         )
-        hidden = self.model(
+        return self.model(
             torch.tensor(tokens, device=self.device),
             torch.tensor(positions, device=self.device),
             meta,
             self.kv,
-        )  # (T, dim)
+        )
+
+    @torch.inference_mode()
+    def step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
+        """One forward for all of `batch`; one output per sequence that asked to sample."""
+        if not batch:
+            return []
+        hidden = self.forward(batch)  # (T, dim)
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
             return []
-        ends, row = [], 0
-        for seq in batch:
-            row += len(seq.token_ids)
-            ends.append(row - 1)
-        rows = torch.tensor([ends[i] for i in sampled], device=self.device)
+        ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
+        rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
         logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
         out = self.sampler(
             logits,
@@ -113,7 +116,7 @@ class Engine:
         )
         return self._to_outputs([batch[i] for i in sampled], out)
 
-    def _to_outputs(self, seqs: list[SeqInput], out) -> list[SeqOutput]:  # type: ignore[no-untyped-def]
+    def _to_outputs(self, seqs: list[SeqInput], out: SampledBatch) -> list[SeqOutput]:
         # The step's one host sync: everything sampled comes back in a few .tolist() calls.
         ids = out.token_ids.tolist()
         lps = out.logprobs.tolist()

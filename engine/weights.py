@@ -72,7 +72,7 @@ def build_model(
         config.head_dim, config.rope_theta, config.rope_scaling, rope_freq_factors
     )
     model.inv_freq = inv_freq.to(device)
-    return model.eval()
+    return model.requires_grad_(False).eval()
 
 
 def _check_shapes(model: Transformer, state: dict[str, torch.Tensor]) -> None:
