@@ -14,7 +14,7 @@ from pathlib import Path
 from engine.errors import EngineError
 from shm.errors import ShmError
 
-SUBCOMMAND_MODULES = ("services.cli_models",)
+SUBCOMMAND_MODULES = ("services.cli_models", "services.cli_run")
 
 USER_ERRORS: tuple[type[Exception], ...] = (EngineError, ShmError)
 

@@ -1,0 +1,74 @@
+"""Flags shared by the commands that generate (`run`, `generate`, `chat`), and their parsing."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.errors import InvalidRequest
+from engine.sampling import SamplingParams
+
+
+def add_prompt_args(parser: argparse.ArgumentParser) -> None:
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument(
+        "--prompt-ids", type=parse_ids, metavar="ID,ID,...", help="the prompt as token ids"
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap --prompt as one user message in the chat template"
+    )
+    parser.add_argument("--system", help="with --chat: a system message before the prompt")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (256)")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (the default) is greedy decoding"
+    )
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop below min-p × best (0: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="0: off")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="0: off")
+    parser.add_argument("--seed", type=int, help="makes sampling reproducible")
+    parser.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
+    )
+    parser.add_argument("--logprobs", type=int, default=0, help="top-n logprobs per token (JSON)")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of streaming text"
+    )
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        logprobs=args.logprobs,
+    )
+
+
+def chat_messages(args: argparse.Namespace) -> list[dict[str, str]]:
+    if args.prompt is None:
+        raise InvalidRequest("chat", "--chat needs --prompt text, not --prompt-ids")
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    return [*messages, {"role": "user", "content": args.prompt}]

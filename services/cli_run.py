@@ -1,0 +1,120 @@
+"""`tandem run` (offline generation with the engine alone) and `tandem tokenize`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from engine import registry
+from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser(
+        "run",
+        help="generate offline with the engine in this process (no servers)",
+        description="Load a model and stream a generation to the terminal, in this process.",
+    )
+    _add_model_args(run)
+    add_prompt_args(run)
+    add_sampling_args(run)
+    run.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    run.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        help="weight and activation dtype (default float32)",
+    )
+    run.set_defaults(func=_run)
+
+    tok = sub.add_parser("tokenize", help="print the token ids of a text")
+    _add_model_args(tok)
+    tok.add_argument("--text", required=True, help="the text to tokenize")
+    tok.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')
+    tok.set_defaults(func=_tokenize)
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=registry.DEFAULT_MODEL,
+        help=f"a model name (see `tandem models list`) or a path to a GGUF file or HF folder "
+        f"(default {registry.DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--tokenizer", help="a tokenizer name or path, instead of the model's own (e.g. llama3)"
+    )
+
+
+def _load_tokenizer(args: argparse.Namespace, model_path: Path | None):  # type: ignore[no-untyped-def]
+    from engine.tokenizer import load_tokenizer
+
+    if args.tokenizer:
+        return load_tokenizer(registry.resolve(args.tokenizer, args.home))
+    if model_path is None:
+        model_path = registry.resolve(args.model, args.home)
+    return load_tokenizer(model_path)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    tokenizer = _load_tokenizer(args, None)
+    ids = tokenizer.encode(args.text, allow_special=True)
+    if args.json:
+        print(json.dumps({"token_ids": ids}))
+    else:
+        for i in ids:
+            print(f"{i:>7}  {tokenizer.token_bytes(i)!r}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from engine.engine import Engine
+    from engine.generate import Generation, GenerationRequest, generate
+
+    sampling = sampling_from_args(args)
+    model_path = registry.resolve(args.model, args.home)
+    tokenizer = _load_tokenizer(args, model_path)
+    if args.chat:
+        text = tokenizer.apply_chat_template(chat_messages(args))
+        prompt_ids = tokenizer.encode(text, allow_special=True)
+    elif args.prompt is not None:
+        prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True)
+    else:
+        prompt_ids = args.prompt_ids
+    engine = Engine.from_path(model_path, device=args.device, dtype=args.dtype)
+    request = GenerationRequest(
+        prompt_ids=prompt_ids,
+        sampling=sampling,
+        max_tokens=args.max_tokens,
+        stop_token_ids=frozenset() if args.ignore_eos else tokenizer.eos_token_ids,
+        stop_strings=tuple(args.stop),
+    )
+    result = Generation(request)
+    started = time.perf_counter()
+    first = None
+    logprobs = []
+    for delta in generate(engine, tokenizer, request, result):
+        first = first or time.perf_counter()
+        logprobs.append(delta.logprob)
+        if not args.json:
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+    elapsed = time.perf_counter() - started
+    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids)}
+    if args.json:
+        print(json.dumps({
+            "prompt_token_ids": prompt_ids,
+            "token_ids": result.token_ids,
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "usage": usage,
+        }, ensure_ascii=False))
+    else:
+        decode = elapsed - ((first or started) - started)
+        rate = (len(result.token_ids) - 1) / decode if decode > 0 else 0.0
+        print(
+            f"\n[{usage['prompt_tokens']} prompt + {usage['completion_tokens']} generated tokens, "
+            f"finish: {result.finish_reason}, {rate:.1f} tok/s decode]",
+            file=sys.stderr,
+        )
+    return 0
