@@ -1,0 +1,229 @@
+"""Admission: which waiting requests join the step being built, and what they displace.
+
+These functions are the second and third passes of `Scheduler.schedule` (see policy.py); they
+work on the scheduler's state directly and on a StepBuilder that holds the step so far.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.errors import InvalidRequest
+from services.scheduler.events import Resumed, Scheduled
+from services.scheduler.plan import ScheduledSeq
+from services.scheduler.request import Request, RequestState, Status
+
+if TYPE_CHECKING:
+    from services.scheduler.policy import Scheduler
+
+
+def validate(request: Request, cfg: SchedulerConfig) -> None:
+    if not isinstance(request.request_id, str) or not request.request_id:
+        raise InvalidRequest("request_id", "must be a non-empty string")
+    n = len(request.prompt_token_ids)
+    if n == 0:
+        raise InvalidRequest("prompt_token_ids", "must not be empty")
+    if request.max_tokens < 1:
+        raise InvalidRequest("max_tokens", f"must be at least 1, got {request.max_tokens}")
+    if n >= cfg.max_model_len:
+        raise InvalidRequest(
+            "prompt_token_ids",
+            f"{n} tokens leave no room to generate within max_model_len={cfg.max_model_len}",
+        )
+    if n + request.max_tokens > cfg.max_model_len:
+        raise InvalidRequest(
+            "max_tokens",
+            f"prompt ({n}) + max_tokens ({request.max_tokens}) exceeds "
+            f"max_model_len={cfg.max_model_len}",
+        )
+    if n + request.max_tokens > cfg.kv_capacity_tokens:
+        # A sequence that cannot fit the whole pool alone could never finish.
+        raise InvalidRequest(
+            "max_tokens",
+            f"prompt ({n}) + max_tokens ({request.max_tokens}) exceeds the KV pool of "
+            f"{cfg.kv_capacity_tokens} tokens",
+        )
+    if request.deadline is not None and not math.isfinite(request.deadline):
+        raise InvalidRequest("deadline", f"must be a finite clock time, got {request.deadline}")
+
+
+class StepBuilder:
+    __slots__ = (
+        "budget",
+        "num_decode_tokens",
+        "num_prefill_tokens",
+        "prefill_top",
+        "reqs",
+        "seqs",
+    )
+
+    def __init__(self, budget: int) -> None:
+        self.seqs: list[ScheduledSeq] = []
+        # The request behind each row of seqs, in the same order.
+        self.reqs: list[RequestState] = []
+        self.budget = budget
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        # (priority, effective priority) of the most important prefill in the step so far.
+        self.prefill_top: tuple[int, float] | None = None
+
+    def note_prefill(self, priority: int, rank: float) -> None:
+        if self.prefill_top is None or (priority, rank) > self.prefill_top:
+            self.prefill_top = (priority, rank)
+
+    def holds_back(self, priority: int, rank: float) -> bool:
+        """Whether a prefill of this priority must wait for a step of its own: a step carrying a
+        more important prefill stays as short as that prefill. Aging lifts the hold (rank)."""
+        top = self.prefill_top
+        return top is not None and priority < top[0] and rank < top[1]
+
+    def add_prefill(self, req: RequestState, start: int, end: int) -> None:
+        sample = end == len(req.token_ids)
+        self.seqs.append(
+            ScheduledSeq(
+                req.request_id,
+                req.token_ids[start:end],
+                start,
+                req.block_table,
+                sample,
+                req.sampling,
+            )
+        )
+        self.reqs.append(req)
+        req.num_computed_tokens = end
+        self.budget -= end - start
+        self.num_prefill_tokens += end - start
+        self.note_prefill(req.priority, req.rank)
+
+
+def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
+    cfg, waiting, blocks = s.config, s.waiting, s.blocks
+    if not waiting.count or s.window.holds(now, waiting.count, bool(s.running)):
+        return
+    bs, threshold = cfg.block_size, cfg.long_prefill_token_threshold
+    skipped: list[RequestState] = []
+    while b.budget > 0:
+        head = waiting.peek()
+        if head is None:
+            break
+        eff = head.effective_priority(now, cfg.aging_per_s)
+        if cfg.isolate_priority_prefill and b.holds_back(head.priority, eff):
+            break
+        if len(s.running) >= cfg.max_num_seqs:
+            if _preempt_for(s, b, head, eff, now):
+                continue
+            break
+        total = len(head.token_ids)
+        # At least the last token is recomputed: the worker needs its logits to sample.
+        hits = blocks.lookup(head.block_hashes, (total - 1) // bs)
+        cached = len(hits) * bs
+        remaining = total - cached
+        is_long = cfg.enable_chunked_prefill and remaining > threshold
+        if is_long and s.num_long_prefills >= cfg.max_long_prefills:
+            # Let shorter requests pass instead of blocking the queue behind it.
+            skipped.append(waiting.pop())
+            continue
+        chunk = min(remaining, b.budget, threshold) if is_long else min(remaining, b.budget)
+        if chunk < remaining and not cfg.enable_chunked_prefill:
+            break
+        if head.deadline is not None and (
+            now + s.step_s_ewma * math.ceil(remaining / chunk) > head.deadline
+        ):
+            s.finish(head, "deadline", now, "could not finish its prompt before the deadline")
+            continue
+        num_new = -(-(cached + chunk) // bs) - len(hits)
+        while num_new + blocks.num_unreferenced(hits) > blocks.num_free:
+            if not s.sessions.release_lru():
+                break
+        if num_new + blocks.num_unreferenced(hits) > blocks.num_free:
+            if _preempt_for(s, b, head, eff, now):
+                continue
+            break
+        _start(s, b, hits, num_new, chunk, now)
+        if is_long:
+            head.long_prefill = True
+            s.num_long_prefills += 1
+    for req in skipped:
+        waiting.push(req)
+
+
+def _start(
+    s: Scheduler, b: StepBuilder, hits: list[int], num_new: int, chunk: int, now: float
+) -> None:
+    req = s.waiting.pop()
+    resumed = req.status is Status.PREEMPTED
+    s.blocks.acquire(hits)
+    req.block_ids = hits + s.blocks.allocate(num_new)
+    req.block_table = tuple(req.block_ids)
+    req.num_registered_blocks = len(hits)
+    if req.session_id is not None:
+        # The new turn holds its own references now; the session's pin has done its job.
+        s.sessions.release(req.session_id)
+    req.waited_s += now - req.enqueue_time
+    req.rank = req.priority + s.config.aging_per_s * req.waited_s
+    s.start_running(req)
+    req.known_to_worker = True
+    cached = len(hits) * s.config.block_size
+    b.add_prefill(req, cached, cached + chunk)
+    if resumed:
+        s.num_preempted_waiting -= 1
+        s.events.append(Resumed(req.request_id, now, cached))
+    else:
+        s.prefix_queries += len(req.token_ids)
+        s.prefix_hits += cached
+        s.events.append(Scheduled(req.request_id, now, now - req.arrival_time, cached))
+    s.window.close()
+
+
+def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, now: float) -> bool:
+    """Make room for `head` by preempting the lowest-ranked running sequence, if it is of lower
+    priority than `head` and has not aged past it. False if there is no such sequence."""
+    if not s.running:
+        return False
+    victim = s.running[-1]
+    if victim.priority >= head.priority or victim.rank >= eff:
+        return False
+    for k in range(len(b.reqs) - 1, -1, -1):
+        if b.reqs[k] is victim:
+            # Already in this step: take its row back out, and its tokens back into the budget.
+            row = b.seqs.pop(k)
+            del b.reqs[k]
+            n = len(row.token_ids)
+            b.budget += n
+            if n == 1 and row.start_pos >= victim.num_prompt_tokens:
+                b.num_decode_tokens -= 1
+            else:
+                b.num_prefill_tokens -= n
+            break
+    s.preempt(victim, "priority", now)
+    return True
+
+
+def schedule_deferred(s: Scheduler, b: StepBuilder, deferred: list[RequestState]) -> None:
+    """Prefill chunks pass 1 held back for a more important prefill that, in the end, did not
+    make it into the step. They take only free blocks: this pass preempts no one."""
+    cfg, blocks = s.config, s.blocks
+    bs = cfg.block_size
+    for req in deferred:
+        if b.budget <= 0:
+            break
+        if req.status is not Status.RUNNING or b.holds_back(req.priority, req.rank):
+            continue
+        n, total = req.num_computed_tokens, len(req.token_ids)
+        chunk = min(total - n, b.budget)
+        if req.long_prefill:
+            chunk = min(chunk, cfg.long_prefill_token_threshold)
+        if chunk < total - n and not cfg.enable_chunked_prefill:
+            continue
+        need = -(-(n + chunk) // bs) - len(req.block_ids)
+        if need > blocks.num_free:
+            continue
+        if need > 0:
+            req.block_ids += blocks.allocate(need)
+            req.block_table = tuple(req.block_ids)
+        b.add_prefill(req, n, n + chunk)
+        if n + chunk == total and req.long_prefill:
+            req.long_prefill = False
+            s.num_long_prefills -= 1

@@ -1,0 +1,85 @@
+"""The scheduler's one configuration object, validated once when it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # KV pool, as the worker reports it at start: the scheduler keeps the accounts only.
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+
+    # Continuous batching: per step, at most this many sequences and this many new tokens.
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+
+    # Chunked prefill. A prefill with more tokens left than the threshold is "long": it gets at
+    # most `long_prefill_token_threshold` tokens per step, and at most `max_long_prefills` long
+    # prefills run at once, so one huge prompt cannot hold the whole batch.
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 512
+    max_long_prefills: int = 1
+
+    # A step that prefills a request of priority P adds no prefill tokens of lower priority,
+    # so the high-priority prompt's step stays as short as it would be on an idle system.
+    isolate_priority_prefill: bool = True
+
+    enable_prefix_caching: bool = True
+    # Finished turns of a conversation (`session_id`) keep their blocks pinned for the next turn,
+    # up to this share of the pool; pins are released least-recently-used under memory pressure.
+    session_kv_fraction: float = 0.25
+
+    # Backpressure: a submission beyond either bound is refused at once.
+    max_waiting_requests: int = 1024
+    max_waiting_tokens: int = 1 << 22
+
+    # Aging: a waiting request gains this many priority levels per second of waiting, so the
+    # worst-case wait of low priority under sustained high-priority load is bounded.
+    aging_per_s: float = 1.0
+
+    # Micro-batch window (Triton's max_queue_delay): with the worker idle and fewer than
+    # `window_max_seqs` requests waiting, admission may wait up to `max_wait_us` for more.
+    max_wait_us: float = 0.0
+    window_max_seqs: int = 4
+
+    def __post_init__(self) -> None:
+        positive = {
+            "num_kv_blocks": self.num_kv_blocks,
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
+            "max_long_prefills": self.max_long_prefills,
+            "max_waiting_requests": self.max_waiting_requests,
+            "max_waiting_tokens": self.max_waiting_tokens,
+            "window_max_seqs": self.window_max_seqs,
+        }
+        for name, value in positive.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.aging_per_s < 0:
+            raise ValueError(f"aging_per_s must be >= 0, got {self.aging_per_s}")
+        if self.max_wait_us < 0:
+            raise ValueError(f"max_wait_us must be >= 0, got {self.max_wait_us}")
+        if not 0.0 <= self.session_kv_fraction <= 1.0:
+            raise ValueError(
+                f"session_kv_fraction must be in [0, 1], got {self.session_kv_fraction}"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # Without chunking a prompt must go in one step, so the budget must hold the longest.
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_model_len when chunked prefill is off "
+                f"({self.max_num_batched_tokens} < {self.max_model_len})"
+            )
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_us * 1e-6
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size

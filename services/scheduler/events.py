@@ -1,0 +1,73 @@
+"""What the scheduler decided, as small immutable records.
+
+The service turns them into per-request token streams, trace spans and metrics. `time` is the
+scheduler's clock when the decision was made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# stop: a stop token was sampled; length: max_tokens or the model context was reached;
+# cancelled: the client cancelled; deadline: it could not start, or finish, in time;
+# error: the worker failed it, or died (fail_all).
+FinishReason = Literal["stop", "length", "cancelled", "deadline", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    request_id: str
+    time: float
+    # Requests waiting (this one included) when it was queued.
+    queue_depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """First admission into the running batch."""
+
+    request_id: str
+    time: float
+    queue_s: float
+    # Prompt tokens found in the prefix cache: they are not recomputed.
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    request_id: str
+    token_id: int
+    logprob: float
+    # 0 for the first generated token.
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    request_id: str
+    time: float
+    # Tokens whose KV stays only in the prefix cache (full blocks) until it resumes.
+    num_computed_tokens: int
+    # Why: "kv" (blocks ran out) or "priority" (a higher-priority request needed the room).
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    request_id: str
+    time: float
+    # Of the tokens it had, how many were still cached and need no recompute.
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: str
+    time: float
+    reason: FinishReason
+    num_output_tokens: int
+    message: str = ""
+
+
+Event = Queued | Scheduled | Token | Preempted | Resumed | Finished

@@ -1,0 +1,104 @@
+"""A full consistency check of the scheduler's books: O(pool + requests), for tests and debugging.
+
+Raises InvariantViolation naming every problem found; silent when the books balance.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from services.scheduler.errors import InvariantViolation
+from services.scheduler.request import Status
+
+if TYPE_CHECKING:
+    from services.scheduler.policy import Scheduler
+
+
+def check(s: Scheduler) -> None:
+    problems = _request_problems(s) + _block_problems(s)
+    if problems:
+        raise InvariantViolation("; ".join(problems))
+
+
+def _request_problems(s: Scheduler) -> list[str]:
+    out: list[str] = []
+    running_ids = [r.request_id for r in s.running]
+    waiting = s.waiting.live()
+    waiting_ids = [r.request_id for r in waiting]
+    if len(set(running_ids)) != len(running_ids):
+        out.append("a request is in the running list twice")
+    if len(set(waiting_ids)) != len(waiting_ids):
+        out.append("a request is in the waiting queue twice")
+    if set(running_ids) & set(waiting_ids):
+        out.append(f"running and waiting at once: {set(running_ids) & set(waiting_ids)}")
+    if set(running_ids) | set(waiting_ids) != set(s.requests):
+        out.append("the request table does not match running + waiting")
+    if len(s.running) > s.config.max_num_seqs:
+        out.append(f"{len(s.running)} running > max_num_seqs")
+    for r in s.running:
+        if r.status is not Status.RUNNING or s.requests.get(r.request_id) is not r:
+            out.append(f"{r.request_id} in the running list with status {r.status}")
+    for r in waiting:
+        if s.requests.get(r.request_id) is not r:
+            out.append(f"{r.request_id} waiting but not in the request table")
+        if r.block_ids or r.num_computed_tokens:
+            out.append(f"{r.request_id} waits while holding blocks or computed tokens")
+    if s.waiting.count != len(waiting):
+        out.append(f"waiting count {s.waiting.count} != {len(waiting)} live entries")
+    if s.waiting.num_tokens != sum(len(r.token_ids) for r in waiting):
+        out.append("waiting token count is off")
+    preempted = sum(1 for r in waiting if r.status is Status.PREEMPTED)
+    if s.num_preempted_waiting != preempted:
+        out.append(f"preempted count {s.num_preempted_waiting} != {preempted}")
+    keys = [(-r.rank, r.order) for r in s.running]
+    if keys != sorted(keys):
+        out.append("the running list is not in rank order")
+    long_prefills = sum(1 for r in s.running if r.long_prefill)
+    if long_prefills != s.num_long_prefills:
+        out.append(f"long prefill count {s.num_long_prefills} != {long_prefills}")
+    if long_prefills > s.config.max_long_prefills:
+        out.append(f"{long_prefills} long prefills > max_long_prefills")
+    return out
+
+
+def _block_problems(s: Scheduler) -> list[str]:
+    out: list[str] = []
+    bm, bs = s.blocks, s.config.block_size
+    holders: Counter[int] = Counter()
+    for r in s.running:
+        holders.update(r.block_ids)
+        if len(set(r.block_ids)) != len(r.block_ids):
+            out.append(f"{r.request_id} holds a block twice")
+        if r.block_table != tuple(r.block_ids):
+            out.append(f"{r.request_id}: block_table out of date")
+        if len(r.block_ids) != -(-r.num_computed_tokens // bs):
+            out.append(
+                f"{r.request_id}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens"
+            )
+        for j, block_id in enumerate(r.block_ids):
+            block_hash = bm.block_hashes[block_id]
+            if block_hash is not None and (
+                j >= len(r.block_hashes) or r.block_hashes[j] != block_hash
+            ):
+                out.append(f"{r.request_id}: block {block_id} holds another prefix")
+    for _, block_ids in s.sessions.items():
+        holders.update(block_ids)
+    if sum(len(ids) for _, ids in s.sessions.items()) != s.sessions.num_pinned:
+        out.append("session pin count is off")
+    for block_id in range(bm.num_blocks):
+        refs = bm.ref_counts[block_id]
+        if refs != holders[block_id]:
+            out.append(f"block {block_id}: ref_count {refs} != {holders[block_id]} holders")
+        if (refs == 0) != bm.is_free(block_id):
+            out.append(f"block {block_id}: ref_count {refs} but free={bm.is_free(block_id)}")
+        if holders[block_id] > 1 and bm.block_hashes[block_id] is None:
+            out.append(f"block {block_id} shared without being a cached prefix")
+    if bm.num_free + sum(1 for c in bm.ref_counts if c > 0) != bm.num_blocks:
+        out.append("free + used != total blocks")
+    for block_hash, block_id in bm.cached.items():
+        if bm.block_hashes[block_id] != block_hash:
+            out.append(f"cache entry points at block {block_id} with another hash")
+    if len(bm.cached) != sum(1 for h in bm.block_hashes if h is not None):
+        out.append("hashed blocks and cache entries disagree")
+    return out

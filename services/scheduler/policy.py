@@ -1,0 +1,395 @@
+"""The scheduling policy: what runs in the next step, and what the last step's tokens mean.
+
+Pure and synchronous, with an injected clock: the service loop calls `add_request`/`cancel` as
+requests come and go, `schedule()` whenever the worker is free, `update()` when a step's result
+is back, and sleeps until `next_wakeup()` when there is nothing to run. Every decision is also
+recorded as an event (see events.py), handed out by `update()` and `drain_events()`.
+
+A step is built in three passes, so its cost grows with the batch, never with the queue or the
+pool:
+  1. running sequences, highest effective priority first: decodes, then prefill chunks; when
+     blocks run out the lowest-ranked running sequence is preempted (maybe the one asking);
+  2. admission of waiting requests, best effective priority first, within the step's token
+     budget and max_num_seqs, preempting a lower-priority running sequence if the batch is full;
+  3. lower-priority prefill chunks that pass 1 held back for a higher-priority prefill, only if
+     no such prefill ended up in the step (`isolate_priority_prefill`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from services.scheduler import admission
+from services.scheduler.block_manager import BlockManager
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.deadlines import Deadlines
+from services.scheduler.errors import InvalidRequest, QueueFull
+from services.scheduler.events import Event, Finished, FinishReason, Preempted, Queued, Token
+from services.scheduler.plan import ScheduledSeq, StepPlan, StepResult
+from services.scheduler.request import Request, RequestState, Status
+from services.scheduler.sessions import SessionPins
+from services.scheduler.stats import SchedulerStats
+from services.scheduler.waiting import WaitingQueue
+from services.scheduler.window import BatchWindow
+
+# Weight of the newest step duration in the moving average used to judge deadlines.
+_STEP_ALPHA = 0.2
+
+
+def _rank_key(req: RequestState) -> tuple[float, int]:
+    return (-req.rank, req.order)
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.blocks = BlockManager(
+            config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.sessions = SessionPins(
+            self.blocks, int(config.num_kv_blocks * config.session_kv_fraction)
+        )
+        self.waiting = WaitingQueue(config.aging_per_s)
+        # Sorted by (rank descending, submission order): the tail is the preemption victim.
+        self.running: list[RequestState] = []
+        self.requests: dict[str, RequestState] = {}
+        self.deadlines = Deadlines()
+        self.window = BatchWindow(config.max_wait_s, config.window_max_seqs)
+        self.events: list[Event] = []
+        # Requests the worker may forget, sent with the next non-empty plan.
+        self.forget: list[str] = []
+        self.in_flight: StepPlan | None = None
+        self._flight_reqs: list[RequestState] = []
+        self._plan_time = 0.0
+        self.step_s_ewma = 0.0
+        self.num_long_prefills = 0
+        self.num_preempted_waiting = 0
+        self._next_order = 0
+        self._next_step = 0
+        self.num_preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.num_finished: Counter[str] = Counter()
+
+    # -- requests in and out ---------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request, or raise InvalidRequest (bad field) or QueueFull (backpressure)."""
+        if request.request_id in self.requests:
+            raise InvalidRequest("request_id", f"{request.request_id!r} is already in flight")
+        admission.validate(request, self.config)
+        cfg, waiting = self.config, self.waiting
+        if waiting.count >= cfg.max_waiting_requests:
+            raise QueueFull(f"{waiting.count} requests already waiting")
+        if waiting.num_tokens + len(request.prompt_token_ids) > cfg.max_waiting_tokens:
+            raise QueueFull(f"{waiting.num_tokens} prompt tokens already waiting")
+        now = self.clock()
+        arrival = now if request.arrival_time is None else request.arrival_time
+        req = RequestState(
+            request,
+            arrival,
+            self._next_order,
+            cfg.block_size,
+            hash_blocks=cfg.enable_prefix_caching,
+        )
+        self._next_order += 1
+        self.requests[req.request_id] = req
+        waiting.push(req)
+        self.deadlines.add(req)
+        self.window.on_arrival(now)
+        self.events.append(Queued(req.request_id, now, waiting.count))
+
+    def cancel(self, request_id: str) -> bool:
+        """Finish a request as cancelled and free its blocks now; False if it is not known."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        self.finish(req, "cancelled", self.clock())
+        return True
+
+    def fail_all(self, reason: str) -> list[Event]:
+        """The worker died: every request ends with "error", and all KV accounts start over."""
+        now = self.clock()
+        for req in self.requests.values():
+            req.status = Status.FINISHED
+            self.num_finished["error"] += 1
+            self.events.append(
+                Finished(req.request_id, now, "error", req.num_output_tokens, reason)
+            )
+        self.requests.clear()
+        self.running.clear()
+        self.waiting = WaitingQueue(self.config.aging_per_s)
+        self.deadlines.clear()
+        self.sessions.clear()
+        self.blocks.reset()
+        self.window.reset()
+        self.forget.clear()
+        self.in_flight = None
+        self._flight_reqs = []
+        self.num_long_prefills = 0
+        self.num_preempted_waiting = 0
+        return self.drain_events()
+
+    def drain_events(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        """The next step's batch. A non-empty plan must be answered by `update` before the next
+        call; an empty one needs no answer (its finished ids wait for the next plan)."""
+        if self.in_flight is not None:
+            raise RuntimeError("schedule() called while the previous plan awaits update()")
+        now = self.clock()
+        self._expire(now)
+        cfg = self.config
+        builder = admission.StepBuilder(cfg.max_num_batched_tokens)
+        floor: tuple[int, float] | None = None
+        head = self.waiting.peek()
+        if cfg.isolate_priority_prefill and head is not None:
+            floor = (head.priority, head.effective_priority(now, cfg.aging_per_s))
+        deferred = self._schedule_running(builder, floor)
+        admission.admit(self, builder, now)
+        if deferred:
+            admission.schedule_deferred(self, builder, deferred)
+        if not builder.seqs:
+            return StepPlan(self._next_step, [])
+        self._next_step += 1
+        plan = StepPlan(
+            self._next_step - 1,
+            builder.seqs,
+            self.forget,
+            builder.num_prefill_tokens,
+            builder.num_decode_tokens,
+        )
+        self.forget = []
+        self.in_flight = plan
+        self._flight_reqs = builder.reqs
+        self._plan_time = now
+        return plan
+
+    def _schedule_running(
+        self, b: admission.StepBuilder, floor: tuple[int, float] | None
+    ) -> list[RequestState]:
+        # The hot loop: one pass over the running batch, locals only, no allocation but the row.
+        bs = self.config.block_size
+        threshold = self.config.long_prefill_token_threshold
+        chunked = self.config.enable_chunked_prefill
+        blocks = self.blocks
+        running = self.running
+        seqs, reqs = b.seqs, b.reqs
+        budget = b.budget
+        num_decode = 0
+        deferred: list[RequestState] = []
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.num_computed_tokens
+            total = len(req.token_ids)
+            chunk = total - n
+            if chunk > 1 or n < req.num_prompt_tokens:
+                if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
+                    deferred.append(req)
+                    i += 1
+                    continue
+                chunk = min(chunk, budget, threshold) if req.long_prefill else min(chunk, budget)
+                if not chunked and n + chunk < total:
+                    i += 1
+                    continue
+                b.note_prefill(req.priority, req.rank)
+            end = n + chunk
+            if end > len(req.block_ids) * bs:
+                need = -(-end // bs) - len(req.block_ids)
+                if need > blocks.num_free and not self.make_room(need, req):
+                    break
+                req.block_ids += blocks.allocate(need)
+                req.block_table = tuple(req.block_ids)
+            sample = end == total
+            seqs.append(
+                ScheduledSeq(
+                    req.request_id, req.token_ids[n:end], n, req.block_table, sample, req.sampling
+                )
+            )
+            reqs.append(req)
+            req.num_computed_tokens = end
+            budget -= chunk
+            if chunk == 1 and n >= req.num_prompt_tokens:
+                num_decode += 1
+            else:
+                b.num_prefill_tokens += chunk
+                if sample and req.long_prefill:
+                    req.long_prefill = False
+                    self.num_long_prefills -= 1
+            i += 1
+        b.budget = budget
+        b.num_decode_tokens += num_decode
+        return deferred
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[Event]:
+        """Apply a step's sampled tokens; returns every event since the last drain."""
+        if plan is not self.in_flight:
+            raise ValueError(f"step {plan.step_id} is not the plan in flight")
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result of step {result.step_id} given for step {plan.step_id}")
+        now = self.clock()
+        self.in_flight = None
+        self.step_s_ewma += _STEP_ALPHA * (now - self._plan_time - self.step_s_ewma)
+        bs = self.config.block_size
+        blocks, sampled, events = self.blocks, result.sampled, self.events
+        any_finished = False
+        for seq, req in zip(plan.seqs, self._flight_reqs, strict=True):
+            if req.status is not Status.RUNNING:
+                continue  # cancelled while the step ran; its blocks are already free
+            full = req.num_computed_tokens // bs
+            if req.num_registered_blocks < full:
+                hashes, ids = req.block_hashes, req.block_ids
+                for j in range(req.num_registered_blocks, min(full, len(hashes))):
+                    blocks.register(ids[j], hashes[j])
+                req.num_registered_blocks = full
+            if not seq.sample:
+                continue
+            out = sampled.get(req.request_id)
+            if out is None:
+                self.finish(req, "error", now, "the worker returned no token", unlink=False)
+                any_finished = True
+                continue
+            token_id, logprob = out
+            req.append_token(token_id)
+            index = len(req.token_ids) - req.num_prompt_tokens - 1
+            events.append(Token(req.request_id, token_id, logprob, index))
+            if token_id in req.stop_token_ids:
+                self.finish(req, "stop", now, unlink=False)
+                any_finished = True
+            elif index + 1 >= req.max_tokens:
+                self.finish(req, "length", now, unlink=False)
+                any_finished = True
+        self._flight_reqs = []
+        if any_finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        return self.drain_events()
+
+    # -- shared by the passes ----------------------------------------------------------------
+
+    def make_room(self, need: int, req: RequestState) -> bool:
+        """Free blocks until `need` are free: session pins first, then the lowest-ranked running
+        sequences. False if `req` itself had to be preempted."""
+        while self.blocks.num_free < need:
+            if self.sessions.release_lru():
+                continue
+            victim = self.running[-1]
+            self.preempt(victim, "kv", self.clock())
+            if victim is req:
+                return False
+        return True
+
+    def preempt(self, req: RequestState, cause: str, now: float) -> None:
+        if self.running and self.running[-1] is req:
+            self.running.pop()
+        else:
+            self.running.remove(req)
+        events_time = now
+        self.events.append(Preempted(req.request_id, events_time, req.num_computed_tokens, cause))
+        self._drop_blocks(req)
+        req.status = Status.PREEMPTED
+        req.enqueue_time = now
+        self.waiting.push(req)
+        self.deadlines.add(req)
+        self.num_preempted_waiting += 1
+        self.num_preemptions += 1
+
+    def start_running(self, req: RequestState) -> None:
+        req.status = Status.RUNNING
+        bisect.insort(self.running, req, key=_rank_key)
+        self.deadlines.add(req)
+
+    def finish(
+        self,
+        req: RequestState,
+        reason: FinishReason,
+        now: float,
+        message: str = "",
+        unlink: bool = True,
+    ) -> None:
+        """End a request in any state; `unlink=False` leaves the running list to the caller."""
+        if req.status is Status.RUNNING:
+            if unlink:
+                self.running.remove(req)
+            if req.session_id is not None and reason in ("stop", "length"):
+                bh = self.blocks.block_hashes
+                self.sessions.pin(req.session_id, [b for b in req.block_ids if bh[b] is not None])
+        else:
+            self.waiting.discard(req)
+            if req.status is Status.PREEMPTED:
+                self.num_preempted_waiting -= 1
+        self._drop_blocks(req)
+        req.status = Status.FINISHED
+        del self.requests[req.request_id]
+        self.num_finished[reason] += 1
+        self.events.append(Finished(req.request_id, now, reason, req.num_output_tokens, message))
+
+    def _drop_blocks(self, req: RequestState) -> None:
+        if req.block_ids:
+            self.blocks.free(req.block_ids)
+            req.block_ids = []
+            req.block_table = ()
+        req.num_computed_tokens = 0
+        req.num_registered_blocks = 0
+        if req.long_prefill:
+            req.long_prefill = False
+            self.num_long_prefills -= 1
+        if req.known_to_worker:
+            req.known_to_worker = False
+            self.forget.append(req.request_id)
+
+    def _expire(self, now: float) -> None:
+        # A waiting request whose deadline falls within one step cannot produce a token in time.
+        for req in self.deadlines.pop_waiting(now + self.step_s_ewma):
+            self.finish(req, "deadline", now, "could not start before the deadline")
+        for req in self.deadlines.pop_running(now):
+            self.finish(req, "deadline", now, "the deadline passed while it ran")
+
+    # -- for the service loop ----------------------------------------------------------------
+
+    def next_wakeup(self) -> float | None:
+        """Clock time at which `schedule()` has something to do even if nothing arrives (a batch
+        window closes, a deadline passes); None if only an arrival or a result can change
+        anything. The service loop sleeps until then instead of polling."""
+        times: list[float] = []
+        if self.waiting.count and not self.running and self.window.closes_at is not None:
+            times.append(self.window.closes_at)
+        waiting_deadline = self.deadlines.next_waiting()
+        if waiting_deadline is not None:
+            times.append(waiting_deadline - self.step_s_ewma)
+        running_deadline = self.deadlines.next_running()
+        if running_deadline is not None:
+            times.append(running_deadline)
+        return min(times) if times else None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> SchedulerStats:
+        blocks = self.blocks
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=self.waiting.count,
+            num_preempted_waiting=self.num_preempted_waiting,
+            kv_blocks_total=blocks.num_blocks,
+            kv_blocks_used=blocks.num_used,
+            kv_blocks_free=blocks.num_free,
+            kv_blocks_cached=blocks.num_cached,
+            kv_blocks_session_pinned=self.sessions.num_pinned,
+            prefix_cache_queries=self.prefix_queries,
+            prefix_cache_hits=self.prefix_hits,
+            num_preemptions=self.num_preemptions,
+            num_evictions=blocks.num_evictions,
+            num_steps=self._next_step,
+            num_finished=dict(self.num_finished),
+        )

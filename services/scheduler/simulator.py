@@ -1,0 +1,134 @@
+"""A stand-in for the worker, and a clock it advances: the scheduler tested without processes.
+
+`SimWorker` runs a StepPlan the way the engine would, minus the model: it keeps the token
+written at every KV slot and, with `check_kv`, proves on every step that each sequence reads
+back exactly its own tokens (so block tables, prefix sharing and resumes are right, and no
+sequence writes into another's blocks). `CostModel` says how long the step took.
+`simulation.Simulation` drives the three together.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.scheduler.plan import StepPlan, StepResult
+from services.scheduler.request import Request
+
+# (request_id, position of the token being sampled) -> token id. Deterministic, so a run with
+# preemptions must produce exactly the tokens of a run without.
+Model = Callable[[str, int], int]
+
+
+class SimulationError(Exception):
+    """The plan asked the worker for something impossible, or its KV was not what it claimed."""
+
+
+class SimClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_to(self, t: float) -> None:
+        if t < self.now:
+            raise ValueError(f"the clock cannot go back from {self.now} to {t}")
+        self.now = t
+
+    def advance(self, dt: float) -> None:
+        self.advance_to(self.now + dt)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """One forward pass: launch overhead, then the larger of reading the weights (decode is
+    memory-bound) and the matmuls over every new token (prefill is compute-bound), plus a
+    per-sequence cost. The defaults are a LLaMA-3-8B-sized model in bf16 on one H200."""
+
+    fixed_s: float = 0.5e-3
+    weights_s: float = 3.5e-3
+    per_token_s: float = 27e-6
+    per_seq_s: float = 10e-6
+
+    def step_time(self, plan: StepPlan) -> float:
+        compute = self.per_token_s * plan.num_tokens
+        return self.fixed_s + max(self.weights_s, compute) + self.per_seq_s * len(plan.seqs)
+
+
+def default_model(vocab_size: int = 32000) -> Model:
+    def model(request_id: str, position: int) -> int:
+        return (zlib.crc32(request_id.encode()) * 7919 + position * 104729) % vocab_size
+
+    return model
+
+
+class SimWorker:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        model: Model | None = None,
+        check_kv: bool = True,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.model = model or default_model()
+        self.check_kv = check_kv
+        # The KV "memory": the token id whose key/value sits in each slot, None if never written.
+        self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
+        # What each request's sequence truly is (prompt + every token sampled for it): the oracle
+        # the KV contents are checked against.
+        self.truth: dict[str, list[int]] = {}
+        self.forgotten: set[str] = set()
+        self.steps = 0
+
+    def register(self, request: Request) -> None:
+        self.truth[request.request_id] = list(request.prompt_token_ids)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.steps += 1
+        self.forgotten.update(plan.finished_request_ids)
+        sampled: dict[str, tuple[int, float]] = {}
+        seen: set[str] = set()
+        for seq in plan.seqs:
+            if seq.request_id in seen:
+                raise SimulationError(f"step {plan.step_id}: {seq.request_id} planned twice")
+            seen.add(seq.request_id)
+            end = seq.start_pos + len(seq.token_ids)
+            if not seq.token_ids or len(seq.block_table) * self.block_size < end:
+                raise SimulationError(
+                    f"step {plan.step_id}: {seq.request_id} has {len(seq.block_table)} blocks "
+                    f"for {end} tokens"
+                )
+            if self.check_kv:
+                self._check_and_write(seq.request_id, seq.token_ids, seq.start_pos, seq.block_table)
+            if seq.sample:
+                token_id = self.model(seq.request_id, end)
+                sampled[seq.request_id] = (token_id, -0.5)
+                truth = self.truth.get(seq.request_id)
+                if truth is not None and len(truth) == end:
+                    truth.append(token_id)
+        return StepResult(plan.step_id, sampled)
+
+    def _check_and_write(
+        self, request_id: str, token_ids: Sequence[int], start: int, table: Sequence[int]
+    ) -> None:
+        truth = self.truth.get(request_id)
+        if truth is None:
+            raise SimulationError(f"{request_id} was never registered with the worker")
+        bs, kv = self.block_size, self.kv
+        end = start + len(token_ids)
+        if list(token_ids) != truth[start:end]:
+            raise SimulationError(f"{request_id}: new tokens at {start} differ from its sequence")
+        if any(not 0 <= b < self.num_blocks for b in table):
+            raise SimulationError(f"{request_id}: block id out of range in {table}")
+        for pos in range(start):
+            if kv[table[pos // bs]][pos % bs] != truth[pos]:
+                raise SimulationError(
+                    f"{request_id}: KV at position {pos} (block {table[pos // bs]}) is "
+                    f"{kv[table[pos // bs]][pos % bs]}, not {truth[pos]}"
+                )
+        for pos in range(start, end):
+            kv[table[pos // bs]][pos % bs] = truth[pos]
