@@ -190,6 +190,7 @@ def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, n
             # Already in this step: take its row back out, and its tokens back into the budget.
             row = b.seqs.pop(k)
             del b.reqs[k]
+            victim.num_computed_tokens = row.start_pos
             n = len(row.token_ids)
             b.budget += n
             if n == 1 and row.start_pos >= victim.num_prompt_tokens:

@@ -240,7 +240,11 @@ class Scheduler:
             raise ValueError(f"result of step {result.step_id} given for step {plan.step_id}")
         now = self.clock()
         self.in_flight = None
-        self.step_s_ewma += _STEP_ALPHA * (now - self._plan_time - self.step_s_ewma)
+        step_s = now - self._plan_time
+        if self.step_s_ewma == 0.0:
+            self.step_s_ewma = step_s
+        else:
+            self.step_s_ewma += _STEP_ALPHA * (step_s - self.step_s_ewma)
         bs = self.config.block_size
         blocks, sampled, events = self.blocks, result.sampled, self.events
         any_finished = False

@@ -73,6 +73,10 @@ class Simulation:
         # (time, tie-break, action): arrivals and cancellations yet to happen.
         self._pending: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
+        # The step the worker is running, its result, and when it completes.
+        self._plan: StepPlan | None = None
+        self._result: StepResult | None = None
+        self._done_at = 0.0
 
     def submit(self, request: Request, at: float | None = None) -> None:
         if at is None:
@@ -80,60 +84,69 @@ class Simulation:
         self._at(at, lambda: self._arrive(request))
 
     def cancel(self, request_id: str, at: float) -> None:
-        self._at(at, lambda: None if self.scheduler.cancel(request_id) else None)
+        self._at(at, lambda: self._cancel(request_id))
 
     def run(self, until: float | None = None, max_steps: int | None = None) -> None:
+        """Advance until nothing is left to happen, simulated time `until`, or `max_steps` more
+        steps have completed; a later call carries on where this one stopped."""
         sched, clock = self.scheduler, self.clock
-        plan: StepPlan | None = None
-        result: StepResult | None = None
-        done_at = 0.0
+        stop_at = None if max_steps is None else len(self.steps) + max_steps
         idle_since = -1.0
-        while max_steps is None or len(self.steps) < max_steps:
-            if plan is None and sched.has_unfinished():
+        while True:
+            if self._plan is None and sched.has_unfinished():
                 plan = sched.schedule()
                 self._absorb(sched.drain_events())
                 if plan.is_empty:
-                    plan, idle_since = None, clock.now
+                    idle_since = clock.now
                 else:
-                    result = self.worker.execute(plan)
-                    duration = self.cost.step_time(plan)
-                    done_at = clock.now + duration
-                    self.steps.append(
-                        StepLog(
-                            clock.now,
-                            duration,
-                            len(plan.seqs),
-                            plan.num_prefill_tokens,
-                            plan.num_decode_tokens,
-                        )
-                    )
+                    self._start(plan)
             times = [self._pending[0][0]] if self._pending else []
-            if plan is not None:
-                times.append(done_at)
+            if self._plan is not None:
+                times.append(self._done_at)
             else:
                 wakeup = sched.next_wakeup()
                 # A wake-up already due was just served by the empty schedule() above.
                 if wakeup is not None and not (wakeup <= clock.now and idle_since == clock.now):
                     times.append(max(wakeup, clock.now))
             if not times:
-                break
+                return
             t = min(times)
             if until is not None and t > until:
                 clock.advance_to(max(clock.now, until))
-                break
+                return
             clock.advance_to(t)
-            if plan is not None and result is not None and t >= done_at:
-                self._absorb(sched.update(plan, result))
-                plan = result = None
+            if self._plan is not None and self._result is not None and t >= self._done_at:
+                self._absorb(sched.update(self._plan, self._result))
+                self._plan = self._result = None
                 if self.after_step is not None:
                     self.after_step(sched)
             while self._pending and self._pending[0][0] <= clock.now:
                 heapq.heappop(self._pending)[2]()
             self._absorb(sched.drain_events())
+            if stop_at is not None and len(self.steps) >= stop_at and self._plan is None:
+                return
+
+    def _start(self, plan: StepPlan) -> None:
+        self._plan = plan
+        self._result = self.worker.execute(plan)
+        duration = self.cost.step_time(plan)
+        self._done_at = self.clock.now + duration
+        self.steps.append(
+            StepLog(
+                self.clock.now,
+                duration,
+                len(plan.seqs),
+                plan.num_prefill_tokens,
+                plan.num_decode_tokens,
+            )
+        )
 
     def _at(self, t: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._pending, (t, self._seq, action))
         self._seq += 1
+
+    def _cancel(self, request_id: str) -> None:
+        self.scheduler.cancel(request_id)
 
     def _arrive(self, request: Request) -> None:
         record = RequestRecord(request, self.clock.now)

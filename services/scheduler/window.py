@@ -1,15 +1,17 @@
 """The micro-batch window: on an idle worker, hold admission briefly so arrivals share a step.
 
 It is adaptive in two ways. It never holds while sequences are running (the next step is coming
-anyway, and new arrivals join it). And it only holds when recent arrivals came closer together
-than the window, i.e. when another request is likely to arrive before it closes; with sparse
-traffic the window costs nothing.
+anyway, and new arrivals join it). And it only holds when another arrival is more likely than
+not before it closes: when most recent inter-arrival gaps (a moving average) were shorter than
+the window. Bursts are batched; sparse traffic pays nothing.
 """
 
 from __future__ import annotations
 
 # Weight of the newest inter-arrival gap in the moving average.
 _GAP_ALPHA = 0.2
+# Hold only if at least this share of recent gaps would have fit in the window.
+_MIN_SHORT_GAPS = 0.5
 
 
 class BatchWindow:
@@ -19,13 +21,14 @@ class BatchWindow:
         # When the first request since the last admission arrived: the window runs from there.
         self.opened_at: float | None = None
         self._last_arrival: float | None = None
-        self.mean_gap_s: float | None = None
+        # Moving average of "the gap before this arrival was shorter than the window".
+        self.short_gap_share: float | None = None
 
     def on_arrival(self, now: float) -> None:
         if self._last_arrival is not None:
-            gap = max(0.0, now - self._last_arrival)
-            mean = self.mean_gap_s
-            self.mean_gap_s = gap if mean is None else mean + _GAP_ALPHA * (gap - mean)
+            short = 1.0 if now - self._last_arrival <= self.max_wait_s else 0.0
+            share = self.short_gap_share
+            self.short_gap_share = short if share is None else share + _GAP_ALPHA * (short - share)
         self._last_arrival = now
         if self.opened_at is None:
             self.opened_at = now
@@ -35,7 +38,7 @@ class BatchWindow:
             return False
         if num_waiting == 0 or num_waiting >= self.max_seqs:
             return False
-        if self.mean_gap_s is None or self.mean_gap_s > self.max_wait_s:
+        if self.short_gap_share is None or self.short_gap_share < _MIN_SHORT_GAPS:
             return False
         return now < self.opened_at + self.max_wait_s
 
@@ -49,4 +52,4 @@ class BatchWindow:
     def reset(self) -> None:
         self.opened_at = None
         self._last_arrival = None
-        self.mean_gap_s = None
+        self.short_gap_share = None

@@ -1,0 +1,47 @@
+"""SchedulerConfig refuses nonsense when it is built, naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.config import SchedulerConfig
+
+BASE = {"num_kv_blocks": 16, "block_size": 4, "max_model_len": 64}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_kv_blocks", 0),
+        ("block_size", -1),
+        ("max_model_len", 0),
+        ("max_num_seqs", 0),
+        ("max_num_batched_tokens", 0),
+        ("long_prefill_token_threshold", 0),
+        ("max_long_prefills", 0),
+        ("max_waiting_requests", 0),
+        ("max_waiting_tokens", 0),
+        ("window_max_seqs", 0),
+        ("aging_per_s", -0.1),
+        ("max_wait_us", -1.0),
+        ("session_kv_fraction", 1.5),
+        ("block_size", 2.5),
+    ],
+)
+def test_invalid_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SchedulerConfig(**{**BASE, field: value})  # type: ignore[arg-type]
+
+
+def test_without_chunking_the_budget_must_hold_the_longest_prompt() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(**BASE, enable_chunked_prefill=False, max_num_batched_tokens=32)
+    SchedulerConfig(**BASE, enable_chunked_prefill=False, max_num_batched_tokens=64)
+
+
+def test_is_frozen_and_derives_units() -> None:
+    cfg = SchedulerConfig(**BASE, max_wait_us=250.0)
+    assert cfg.max_wait_s == pytest.approx(250e-6)
+    assert cfg.kv_capacity_tokens == 64
+    with pytest.raises(AttributeError):
+        cfg.block_size = 8  # type: ignore[misc]
