@@ -1,0 +1,103 @@
+"""Lifecycle: names are 0600 while the owner lives and gone however it ends; the reaper; the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import stat
+from collections.abc import Callable
+
+import pytest
+from _shm_peer import Peer
+
+from services import cli_shm
+from shm.lifecycle import ShmOwner
+from shm.reaper import reap, scan
+
+
+def _files(arena: str, ring: str) -> list[str]:
+    return [
+        f"/dev/shm{arena}",
+        f"/dev/shm{ring}",
+        f"/dev/shm/sem.{ring[1:]}.data",
+        f"/dev/shm/sem.{ring[1:]}.space",
+    ]
+
+
+def _start(spawn: Callable[..., Peer]) -> tuple[Peer, list[str]]:
+    peer = spawn("hold")
+    files = _files(*peer.lines(2))
+    for path in files:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    return peer, files
+
+
+def test_gone_after_normal_exit(spawn: Callable[..., Peer]) -> None:
+    peer, files = _start(spawn)
+    assert peer.finish() == 0
+    assert not any(os.path.exists(f) for f in files)
+
+
+def test_gone_after_sigterm(spawn: Callable[..., Peer]) -> None:
+    peer, files = _start(spawn)
+    peer.proc.send_signal(signal.SIGTERM)
+    assert peer.proc.wait(30) == -signal.SIGTERM  # still dies of SIGTERM, as it would have
+    assert not any(os.path.exists(f) for f in files)
+
+
+def test_sigkill_leaves_names_that_the_reaper_removes(spawn: Callable[..., Peer]) -> None:
+    peer, files = _start(spawn)
+    live = {e.path.name: e for e in scan()}
+    assert all(live[f.rsplit("/", 1)[1]].alive for f in files)
+    assert not any(e.path.name in live for e in reap(dry_run=True) if e.pid == peer.proc.pid)
+    peer.kill()
+    assert all(os.path.exists(f) for f in files)
+    dead = {e.path.name for e in scan() if not e.alive}
+    assert {f.rsplit("/", 1)[1] for f in files} <= dead
+    reap()
+    assert not any(os.path.exists(f) for f in files)
+
+
+def test_reaper_spares_live_owners() -> None:
+    with ShmOwner(handle_sigterm=False) as owner:
+        arena = owner.arena(1 << 16)
+        ring = owner.ring(1 << 12)
+        reap()
+        assert all(os.path.exists(f) for f in _files(arena.name, ring.name))
+    assert not any(os.path.exists(f) for f in _files(arena.name, ring.name))
+
+
+def test_owner_closes_in_process_and_restores_the_signal_handler() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with ShmOwner() as owner:
+        assert signal.getsignal(signal.SIGTERM) != before
+        arena = owner.arena(1 << 16)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert not os.path.exists(f"/dev/shm{arena.name}")
+
+
+def _cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli_shm.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["shm", *argv])
+    return int(args.func(args))
+
+
+def test_cli_ls_and_gc(spawn: Callable[..., Peer], capsys: pytest.CaptureFixture[str]) -> None:
+    peer, files = _start(spawn)
+    names = [f.rsplit("/", 1)[1] for f in files]
+    assert _cli("ls") == 0
+    listing = capsys.readouterr().out
+    for name in names:
+        line = next(line for line in listing.splitlines() if line.startswith(name))
+        assert "alive" in line
+    peer.kill()
+    assert _cli("gc", "--dry-run") == 0
+    would = capsys.readouterr().out
+    assert all(f"would unlink {name}" in would for name in names)
+    assert all(os.path.exists(f) for f in files)
+    assert _cli("gc") == 0
+    done = capsys.readouterr().out
+    assert all(f"unlinked {name}" in done for name in names)
+    assert not any(os.path.exists(f) for f in files)
