@@ -112,10 +112,8 @@ def hf_folder_tokenizer(folder: Path) -> HFBackedTokenizer:
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ModelNotFound(f"no tokenizer.json in {folder}")
-    text = tokenizer_file.read_text(encoding="utf-8")
     try:
-        spec = json.loads(text)
-        backend = tokenizers.Tokenizer.from_str(text)
+        backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     except Exception as err:  # the library raises plain Exception for a bad file
         raise ModelFormatError(f"{tokenizer_file} is not a readable tokenizer: {err}") from err
     config = _read_json(folder / "tokenizer_config.json", required=False)
@@ -123,7 +121,9 @@ def hf_folder_tokenizer(folder: Path) -> HFBackedTokenizer:
 
     added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
     special_ids = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-    pieces, strips = _pieces(backend, spec.get("decoder"), added, str(tokenizer_file))
+    # The decoder says how token strings map to bytes; read it alone, not the whole file's JSON.
+    decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder else None
+    pieces, strips = _pieces(backend, decoder, added, str(tokenizer_file))
 
     def token_id(field: str) -> int | None:
         content = _token_text(config.get(field))

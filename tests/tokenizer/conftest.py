@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers
 
 from engine.gguf_file import GGUFFile, open_gguf
 from engine.tokenizer import Llama3Tokenizer, Tokenizer, gguf_tokenizer
@@ -85,3 +87,35 @@ def llama3_tokenizer_json(llama3_tokenizer_model: Path) -> dict[str, Any]:
         additional_special_tokens=list(SPECIAL_TOKENS),
     )
     return json.loads(converter.converted().to_str())
+
+
+@pytest.fixture(scope="session")
+def spm_spec() -> dict[str, Any]:
+    """A small LLaMA-2-style vocabulary: '▁' for spaces, <0xNN> byte fallback, stripping decoder."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    merges = [("▁", "h"), ("e", "l"), ("▁h", "el"), ("l", "o"), ("▁hel", "lo"), ("▁", "w")]
+    for piece in ["▁", "h", "e", "l", "o", "w", "r", "d"] + ["".join(m) for m in merges]:
+        vocab.setdefault(piece, len(vocab))
+    backend = tokenizers.Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True)
+    )
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    backend.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t in vocab
+            if t[0] == "<" and not t.startswith("<0x")
+        ]
+    )
+    return json.loads(backend.to_str())

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import tokenizers
-from tokenizers import AddedToken, decoders, models, normalizers, processors
+from tokenizers import processors
 
 from engine.errors import ModelFormatError
 from engine.tokenizer import Detokenizer, Tokenizer, hf_folder_tokenizer
@@ -73,24 +73,28 @@ def test_llama3_folder_equals_the_tiktoken_tokenizer(
     assert folder.apply_chat_template(messages) == llama3.apply_chat_template(messages)
 
 
-def test_config_add_bos_token_wins(
-    llama3_folder: Path, llama3_tokenizer_json: dict[str, Any], tmp_path: Path
+def test_add_bos_from_post_processor_unless_config_says(
+    spm_spec: dict[str, Any], tmp_path: Path
 ) -> None:
-    folder = write_folder(
-        tmp_path / "f",
-        json.loads((llama3_folder / "tokenizer.json").read_text()),
-        tokenizer_config={"bos_token": "<|begin_of_text|>", "add_bos_token": False},
+    spec = dict(spm_spec)
+    spec["post_processor"] = json.loads(
+        processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)]).__getstate__()
     )
-    tokenizer = hf_folder_tokenizer(folder)
-    assert not tokenizer.add_bos
-    assert tokenizer.chat_template is None
+    inferred = write_folder(tmp_path / "inferred", spec, tokenizer_config={"bos_token": "<s>"})
+    assert hf_folder_tokenizer(inferred).add_bos
+    told = write_folder(
+        tmp_path / "told", spec, tokenizer_config={"bos_token": "<s>", "add_bos_token": False}
+    )
+    assert not hf_folder_tokenizer(told).add_bos
+    assert hf_folder_tokenizer(told).chat_template is None
 
 
-def test_chat_template_jinja_file_and_named_templates(llama3_folder: Path, tmp_path: Path) -> None:
-    spec = json.loads((llama3_folder / "tokenizer.json").read_text())
+def test_chat_template_jinja_file_and_named_templates(
+    spm_spec: dict[str, Any], tmp_path: Path
+) -> None:
     named = write_folder(
         tmp_path / "named",
-        spec,
+        spm_spec,
         tokenizer_config={
             "chat_template": [
                 {"name": "tool_use", "template": "tools"},
@@ -102,38 +106,6 @@ def test_chat_template_jinja_file_and_named_templates(llama3_folder: Path, tmp_p
     assert hf_folder_tokenizer(named).apply_chat_template(messages) == "Hi!"
     (named / "chat_template.jinja").write_text("[{{ messages[0]['role'] }}]")
     assert hf_folder_tokenizer(named).apply_chat_template(messages) == "[user]"
-
-
-@pytest.fixture(scope="session")
-def spm_spec() -> dict[str, Any]:
-    """A small LLaMA-2-style vocabulary: '▁' for spaces, <0xNN> byte fallback, stripping decoder."""
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
-    merges = [("▁", "h"), ("e", "l"), ("▁h", "el"), ("l", "o"), ("▁hel", "lo"), ("▁", "w")]
-    for piece in ["▁", "h", "e", "l", "o", "w", "r", "d"] + ["".join(m) for m in merges]:
-        vocab.setdefault(piece, len(vocab))
-    backend = tokenizers.Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True)
-    )
-    backend.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
-    )
-    backend.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    backend.add_special_tokens(
-        [
-            AddedToken(t, special=True, normalized=False)
-            for t in vocab
-            if t[0] == "<" and not t.startswith("<0x")
-        ]
-    )
-    return json.loads(backend.to_str())
 
 
 def test_sentencepiece_style_folder(spm_spec: dict[str, Any], tmp_path: Path) -> None:

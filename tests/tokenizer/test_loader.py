@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import tokenizers
 
 from engine.errors import ModelFormatError, ModelNotFound
 from engine.tokenizer import Llama3Tokenizer, Tokenizer, load_tokenizer
@@ -29,17 +31,13 @@ def test_tiktoken_file_and_a_folder_holding_it(
     assert tokenizer.encode("<|eot_id|>", allow_special=True) == [128009]
 
 
-def test_folder_with_tokenizer_json(
-    tmp_path: Path, llama3_tokenizer_json: dict[str, object], llama3: Tokenizer
-) -> None:
-    import json
-
-    (tmp_path / "tokenizer.json").write_text(json.dumps(llama3_tokenizer_json))
+def test_folder_with_tokenizer_json(tmp_path: Path, spm_spec: dict[str, object]) -> None:
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spm_spec))
+    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x0bsentencepiece")  # tokenizer.json wins
     tokenizer = load_tokenizer(tmp_path)
     assert isinstance(tokenizer, HFBackedTokenizer)
-    assert tokenizer.encode("Hi there", allow_special=False) == llama3.encode(
-        "Hi there", allow_special=False
-    )
+    library = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tokenizer.encode("hello world", allow_special=True) == library.encode("hello world").ids
 
 
 def test_missing_path(tmp_path: Path) -> None:
