@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import Literal
 
 import tiktoken
 
@@ -116,10 +118,10 @@ class Llama3Tokenizer(Tokenizer):
             special_tokens=special,
         )
         pieces = [b""] * (base + len(special))
-        for token, rank in ranks.items():
-            pieces[rank] = token
-        for token, token_id in special.items():
-            pieces[token_id] = token.encode()
+        for piece, rank in ranks.items():
+            pieces[rank] = piece
+        for text, token_id in special.items():
+            pieces[token_id] = text.encode()
         super().__init__(
             pieces=pieces,
             special_ids=frozenset(special.values()),
@@ -133,7 +135,7 @@ class Llama3Tokenizer(Tokenizer):
         )
 
     def encode(self, text: str, *, allow_special: bool) -> list[int]:
-        allowed: str | set[str] = "all" if allow_special else set()
+        allowed: Literal["all"] | AbstractSet[str] = "all" if allow_special else frozenset()
         ids: list[int] = []
         for part in _split_runs(text):
             ids.extend(self._encoding.encode(part, allowed_special=allowed, disallowed_special=()))

@@ -8,11 +8,14 @@ a numeric character:
   "3" "  " "8"), transformers gives its last space to the number ("3" " " " 8");
 - any whitespace before a non-ASCII numeric (" ½" is " " "½" for SmolLM, one word for
   transformers, and the vocabulary merges that word differently).
+(There the ids may still agree: space-tab-space has no merges, so it is three tokens either way.)
 A single whitespace before an ASCII digit is cut differently too, but merges the same: SmolLM2's
 vocabulary has no merge joining whitespace to a digit (checked below). Everywhere else the ids
-must equal transformers'. The differing cases are checked against the SmolLM rule itself: cut the
-text as SmolLM does (each numeric character alone, GPT-2's regex between), then let transformers
-merge each word on its own, where no pre-tokenizer choice is left to differ.
+must equal transformers', except for the few bytes the vocabulary cannot spell (see
+test_unspellable_bytes_are_dropped_as_llama_cpp_does); random text here avoids those.
+The differing cases are checked against the SmolLM rule itself: cut the text as SmolLM does
+(each numeric character alone, GPT-2's regex between), then let transformers merge each word on
+its own, where no pre-tokenizer choice is left to differ.
 """
 
 from __future__ import annotations
