@@ -80,9 +80,9 @@ class Arena:
                 order -= 1
                 self._free[order].add(start + (1 << order))
             self.table.orders[start] = want
-            self.table.gens[start] += np.uint64(1)  # even -> odd: allocated
+            gen = self.table.gens[start] + 1  # even -> odd: allocated
+            self.table.gens[start] = gen
             self._live[start] = want
-            gen = int(self.table.gens[start])
         offset = self.layout.data_off + start * self.layout.block
         return Handle(self.name, offset, nbytes, name, dims, gen)
 
@@ -104,7 +104,7 @@ class Arena:
             order = self._live.pop(start, None)
             if order is None:
                 raise ShmError(f"{handle}: not allocated by this arena")
-            self.table.gens[start] += np.uint64(1)  # odd -> even: free; old handles now fail
+            self.table.gens[start] += 1  # odd -> even: free; old handles now fail
             while order < self._max_order:  # merge with free buddies
                 buddy = start ^ (1 << order)
                 if buddy not in self._free[order]:

@@ -18,7 +18,6 @@ A handle for a 2-D array is about 74 bytes.
 
 from __future__ import annotations
 
-import math
 import operator
 import struct
 from dataclasses import dataclass
@@ -62,32 +61,35 @@ class Handle:
     generation: int  # the region's generation when it was handed out (odd)
 
     def __post_init__(self) -> None:
+        # Handles arrive from other processes: every field is checked here, once, cheaply.
         check_name(self.segment)
-        if not isinstance(self.dtype, str) or self.dtype not in _CODES:
+        itemsize = _ITEMSIZE.get(self.dtype) if isinstance(self.dtype, str) else None
+        if itemsize is None:
             raise ShmError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        try:
-            shape = tuple(operator.index(d) for d in self.shape)
-            offset, nbytes, gen = (
-                operator.index(v) for v in (self.offset, self.nbytes, self.generation)
-            )
-        except TypeError:
-            raise ShmError(
-                f"handle fields must be integers: {self.shape!r}, {self.offset!r}, "
-                f"{self.nbytes!r}, {self.generation!r}"
-            ) from None
-        object.__setattr__(self, "shape", shape)
+        offset = _integer(self, "offset", self.offset)
+        nbytes = _integer(self, "nbytes", self.nbytes)
+        _integer(self, "generation", self.generation)
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(d) is int for d in shape):
+            try:
+                shape = tuple(operator.index(d) for d in shape)
+            except TypeError:
+                raise ShmError(f"handle shape {self.shape!r} is not a tuple of integers") from None
+            object.__setattr__(self, "shape", shape)
         if len(shape) > MAX_NDIM:
             raise ShmError(f"handle has {len(shape)} dimensions, at most {MAX_NDIM} are allowed")
-        for label, value in (("offset", offset), ("nbytes", nbytes), ("generation", gen)):
-            if not 0 <= value < _LIMIT:
-                raise ShmError(f"handle {label} {value} is out of range")
-        if any(not 0 <= d < _LIMIT for d in shape):
-            raise ShmError(f"handle shape {shape} has a negative or absurd dimension")
-        expected = math.prod(shape) * _ITEMSIZE[self.dtype]
-        if expected != nbytes:
+        count = 1
+        for d in shape:
+            if not 0 <= d < _LIMIT:
+                raise ShmError(f"handle shape {shape} has a negative or absurd dimension")
+            count *= d
+        if count * itemsize != nbytes:
             raise ShmError(
-                f"handle says {nbytes} bytes, but {self.dtype}{list(shape)} is {expected} bytes"
+                f"handle says {nbytes} bytes, but {self.dtype}{list(shape)} is "
+                f"{count * itemsize} bytes"
             )
+        if offset + nbytes >= _LIMIT:
+            raise ShmError(f"handle offset {offset} + {nbytes} bytes is out of range")
 
     def to_bytes(self) -> bytes:
         name = self.segment.encode("ascii")
@@ -127,3 +129,18 @@ class Handle:
     def __str__(self) -> str:
         dims = "x".join(map(str, self.shape)) or "scalar"
         return f"handle({self.segment}@{self.offset} {self.dtype}[{dims}] gen {self.generation})"
+
+
+def _integer(handle: Handle, field: str, value: object) -> int:
+    """`value` as a plain int in [0, 2**62), stored back into the (frozen) handle if converted."""
+    if type(value) is int and 0 <= value < _LIMIT:
+        return value
+    if type(value) is not int:
+        try:
+            value = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise ShmError(f"handle {field} {value!r} is not an integer") from None
+        object.__setattr__(handle, field, value)
+    if not 0 <= value < _LIMIT:
+        raise ShmError(f"handle {field} {value} is out of range")
+    return value

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from shm.errors import ShmError
-from shm.handle import Handle
+from shm.handle import DTYPES, Handle
 from shm.segment import HEADER_SIZE, PAGE, Segment
 
 ARENA_HEADER = struct.Struct("<QQQQQ24x")
+_NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 MAX_ORDER = 48
 
 
@@ -90,29 +91,32 @@ class RegionTable:
     def __init__(self, segment: Segment, layout: Layout) -> None:
         self.segment = segment
         self.layout = layout
-        # (n_blocks,) views straight over the shared table
-        self.gens = np.ndarray((layout.n_blocks,), np.uint64, segment.mm, layout.gens_off)
-        self.orders = np.ndarray((layout.n_blocks,), np.uint8, segment.mm, layout.orders_off)
+        self._data_end = layout.n_blocks * layout.block
+        # (n_blocks,) views straight over the shared table; memoryviews index faster than numpy
+        table = memoryview(segment.mm)
+        self.gens = table[layout.gens_off : layout.orders_off].cast("Q")
+        self.orders = table[layout.orders_off : layout.orders_off + layout.n_blocks]
+        table.release()
 
     def locate(self, handle: Handle) -> int:
         """The block index where `handle`'s region starts, once every field checks out."""
         name, lay = self.segment.name, self.layout
-        if self.segment.closed:
-            raise ShmError(f"{handle}: segment {name} is closed in this process")
         if handle.segment != name:
             raise ShmError(f"handle names segment {handle.segment}, this table is {name}")
+        if self.segment.closed:
+            raise ShmError(f"{handle}: segment {name} is closed in this process")
         self.segment.check()
         rel = handle.offset - lay.data_off
-        if rel < 0 or rel >= lay.n_blocks * lay.block:
+        if rel < 0 or rel >= self._data_end:
             raise ShmError(f"{handle}: offset {handle.offset} is outside the data area of {name}")
         if rel % lay.block:
             raise ShmError(f"{handle}: offset {handle.offset} is not at a region start")
         index = rel // lay.block
-        gen = int(self.gens[index])
+        gen = self.gens[index]
         if gen != handle.generation or not gen & 1:
             state = "a free block" if not gen & 1 else f"generation {gen}"
             raise ShmError(f"{handle}: stale generation {handle.generation}, region holds {state}")
-        order = int(self.orders[index])
+        order = self.orders[index]
         span = lay.block << order if order <= MAX_ORDER else 0
         if span == 0 or index + (1 << order) > lay.n_blocks:
             raise ShmError(f"{handle}: corrupt region table (order {order}) in {name}")
@@ -122,13 +126,13 @@ class RegionTable:
 
     def release(self) -> None:
         """Drop this table's views of the mapping so that the segment can be unmapped."""
-        self.gens = np.zeros(0, np.uint64)
-        self.orders = np.zeros(0, np.uint8)
+        self.gens.release()
+        self.orders.release()
 
     def array(self, handle: Handle, writable: bool) -> np.ndarray:
         """A zero-copy view of the region (C order), after `locate` has accepted the handle."""
         self.locate(handle)
-        view = np.ndarray(handle.shape, np.dtype(handle.dtype), self.segment.mm, handle.offset)
+        view = np.ndarray(handle.shape, _NP_DTYPES[handle.dtype], self.segment.mm, handle.offset)
         if not writable:
             view.flags.writeable = False
         return view
@@ -137,6 +141,6 @@ class RegionTable:
         """A private copy, re-checked after copying: a region freed mid-copy is an error."""
         out = self.array(handle, writable=False).copy()
         index = (handle.offset - self.layout.data_off) // self.layout.block
-        if int(self.gens[index]) != handle.generation:
+        if self.gens[index] != handle.generation:
             raise ShmError(f"{handle}: region was freed while it was being copied")
         return out

@@ -93,6 +93,7 @@ class Segment:
         self.size = len(mm)
         self.mm = mm
         self.pinned = False
+        self._head = MAGIC + struct.pack("<II", LAYOUT_VERSION, kind)
         self._fd: int = shm.fd
         self._close_hooks: list[Callable[[], None]] = []
         self._finalizer = weakref.finalize(self, _release, name, shm, owner, os.getpid())
@@ -157,7 +158,8 @@ class Segment:
 
     def check(self) -> None:
         """Re-validate the header: a segment scribbled over after attach is refused, not read."""
-        read_header(self.name, self.mm, self.kind)
+        if self.mm[:16] != self._head:  # magic, version, kind: one compare on the hot path
+            read_header(self.name, self.mm, self.kind)
 
     def address(self) -> int:
         """Virtual address of the first byte of this process's mapping (for cudaHostRegister)."""
