@@ -28,7 +28,7 @@ import multiprocessing as mp
 import statistics
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -118,10 +118,11 @@ class ShmEnd:
         self.arena.view(handle)[:8] = memoryview(COUNTER.pack(counter))
         self.out.put(kind + handle.to_bytes())
 
-    def take_handle(self, record: bytes) -> int:
+    def take_handle(self, record: bytes) -> tuple[int, int]:
+        """Resolve the peer's handle (copying the region out for COPY): (nbytes, counter)."""
         handle = Handle.from_bytes(record[1:])
         data = self.reader.copy(handle) if record[:1] == COPY else self.reader.view(handle)
-        return int(COUNTER.unpack(data[:8].tobytes())[0])
+        return handle.nbytes, int(COUNTER.unpack(data[:8].tobytes())[0])
 
     def close(self) -> None:
         if self.inbox is not None:
@@ -144,7 +145,7 @@ def shm_peer(client_ring: str, conn: Connection, spin_s: float) -> None:
         if kind == INLINE:
             end.out.put(record)
         else:
-            end.send_handle(kind, Handle.from_bytes(record[1:]).nbytes, end.take_handle(record))
+            end.send_handle(kind, *end.take_handle(record))
     conn.recv()  # the client has detached
     end.close()
 
@@ -164,7 +165,7 @@ def bench_shm(sizes: list[int], budget: Budget, spin_s: float) -> tuple[list[dic
             nonlocal counter
             counter += 1
             end.send_handle(kind, size, counter)
-            if end.take_handle(inbox.get()) != counter:
+            if end.take_handle(inbox.get())[1] != counter:
                 raise RuntimeError("shm peer answered out of turn")
 
         return round_trip
@@ -198,7 +199,9 @@ def grpc_peer(conn: Connection) -> None:
     async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return request
 
-    async def stream(requests, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+    async def stream(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         async for request in requests:
             yield request
 
@@ -227,13 +230,19 @@ async def _grpc_client(port: int, sizes: list[int], budget: Budget) -> list[dict
         unary = channel.unary_unary("/bench.Echo/Unary")
         for size in sizes:
             payload = bytes(size)
-            samples = await _timed(budget, lambda payload=payload: unary(payload))
+
+            async def call_once(payload: bytes = payload) -> object:
+                return await unary(payload)
+
+            samples = await _timed(budget, call_once)
             results.append(summarize("grpc_unary", size, samples))
         for size in sizes:
             payload = bytes(size)
             call = channel.stream_stream("/bench.Echo/Stream")()
 
-            async def bounce(payload: bytes = payload, call=call) -> bytes:  # type: ignore[no-untyped-def]
+            async def bounce(
+                payload: bytes = payload, call: grpc.aio.StreamStreamCall = call
+            ) -> object:
                 await call.write(payload)
                 return await call.read()
 
@@ -243,7 +252,7 @@ async def _grpc_client(port: int, sizes: list[int], budget: Budget) -> list[dict
     return results
 
 
-async def _timed(budget: Budget, round_trip: Callable) -> list[float]:  # type: ignore[type-arg]
+async def _timed(budget: Budget, round_trip: Callable[[], Awaitable[object]]) -> list[float]:
     for _ in range(20):
         await round_trip()
     samples: list[float] = []
@@ -267,6 +276,40 @@ def bench_grpc(sizes: list[int], budget: Budget) -> list[dict]:
     finally:
         conn.send("stop")
         peer.join()
+
+
+def bench_pinned_h2d(sizes: list[int], budget: Budget) -> list[str]:
+    """Host-to-device copies from an arena region: pageable, then page-locked (cudaHostRegister)."""
+    import torch
+
+    from shm.pinned import pin, unpin
+
+    lines = []
+    with Arena.create(max(sizes) * 2) as arena:
+        for size in sizes:
+            handle = arena.alloc((size,), "uint8")
+            host = torch.from_numpy(arena.view(handle))
+            host.fill_(1)
+            device = torch.empty(size, dtype=torch.uint8, device="cuda")
+            rates = []
+            for pinned in (False, True):
+                if pinned:
+                    pin(arena.segment)
+
+                def copy(host: torch.Tensor = host, device: torch.Tensor = device) -> None:
+                    device.copy_(host, non_blocking=True)
+                    torch.cuda.synchronize()
+
+                samples = budget.run(copy, warmup=3)  # each sample is half a copy's time
+                rates.append(size / (2 * statistics.median(samples)) / 1e9)
+            unpin(arena.segment)
+            lines.append(
+                f"H2D from shm, {human(size)}: pageable {rates[0]:.1f} GB/s, "
+                f"page-locked {rates[1]:.1f} GB/s"
+            )
+            del host
+            arena.free(handle)
+    return lines
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -341,6 +384,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="payload bytes")
     parser.add_argument("--spin-us", type=float, default=None, help="ring spin before sleeping")
+    parser.add_argument(
+        "--cuda",
+        action="store_true",
+        help="also time host-to-device copies from shm, pinned or not",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     budget = Budget(0.4, 10, 3000) if args.quick else Budget(2.0, 30, 20000)
@@ -352,6 +400,9 @@ def main() -> None:
     grpc_results = bench_grpc(sizes, budget)
     results = shm_results + grpc_results
     print(table(results, copies, extra))
+    if args.cuda:
+        for line in bench_pinned_h2d([16 << 20, 256 << 20], budget):
+            print(line)
     if args.json:
         args.json.write_text(json.dumps({"results": results}, indent=2) + "\n")
 
