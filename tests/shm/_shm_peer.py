@@ -73,7 +73,8 @@ class Peer:
     """This file run as a peer process: `lines(n)` reads what it printed."""
 
     def __init__(self, role: str, *args: object) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
         self.proc = subprocess.Popen(
             [sys.executable, __file__, role, *map(str, args)],
             stdin=subprocess.PIPE,
