@@ -32,7 +32,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 bench: setup
-	$(PY) bench/engine.py
+	$(PY) -m bench.engine
 
 clean:
 	rm -rf $(VENV) build *.egg-info

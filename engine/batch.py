@@ -1,4 +1,4 @@
-"""The step contract between whoever schedules (the scheduler, or the offline loop) and the engine."""
+"""The step contract between whoever schedules (the scheduler, the offline loop) and the engine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The engine's error hierarchy: each names what the user got wrong, so callers can show it as is."""
+"""The engine's errors: each names what the user got wrong, so callers can show it as is."""
 
 
 class EngineError(Exception):

@@ -96,8 +96,12 @@ def generate(
             if out.finish_reason:
                 return
             seq = SeqInput(
-                "offline", [sampled.token_id], prompt_len + len(out.token_ids) - 1, table,
-                request.sampling, prompt_len=prompt_len,
+                "offline",
+                [sampled.token_id],
+                prompt_len + len(out.token_ids) - 1,
+                table,
+                request.sampling,
+                prompt_len=prompt_len,
             )
     finally:
         engine.release(["offline"])

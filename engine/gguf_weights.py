@@ -11,6 +11,7 @@ import re
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
 from engine.errors import ModelFormatError
@@ -62,7 +63,7 @@ class GGUFWeights:
         self.gguf = gguf
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
-        self.by_name = {}
+        self.by_name: dict[str, ReaderTensor] = {}
         for tensor in gguf.reader.tensors:
             name = hf_name(tensor.name)
             if name is not None:
@@ -94,7 +95,7 @@ class GGUFWeights:
     def rope_freq_factors(self) -> torch.Tensor | None:
         return None if self.rope_freqs is None else self._dequantize(self.rope_freqs)
 
-    def _dequantize(self, tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def _dequantize(self, tensor: ReaderTensor) -> torch.Tensor:
         if tensor.tensor_type not in SUPPORTED:
             raise ModelFormatError(
                 f"{self.gguf.path.name}: tensor {tensor.name} has quantization "

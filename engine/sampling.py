@@ -1,4 +1,4 @@
-"""Per-sequence sampling for a whole batch at once, with no host sync until the step's one `.tolist()`.
+"""Per-sequence sampling for a whole batch at once, with no host sync before the step's `.tolist()`.
 
 Seeded sampling is reproducible whatever else is in the batch: a sequence's random draw for the
 token at position p comes from a counter-based hash of (seed, p, token id), not from a shared
@@ -158,7 +158,9 @@ class Sampler:
             output = ids[prompt_len:]
             if len(output) and (p.presence_penalty or p.frequency_penalty):
                 counts = torch.bincount(output, minlength=vocab).to(row.dtype)
-                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(
+                    row.dtype
+                )
         return logits
 
     @staticmethod

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    """Fed text deltas, returns what is safe to show; the matched stop string itself is not shown."""
+    """Fed text deltas, returns what is safe to show; a matched stop string itself is not shown."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]

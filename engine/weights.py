@@ -49,8 +49,11 @@ def build_model(
 
         prefix = f"layers.{i}."
         state[prefix + "attention.wqkv.weight"] = torch.cat(
-            [part("self_attn.q_proj.weight"), part("self_attn.k_proj.weight"),
-             part("self_attn.v_proj.weight")]
+            [
+                part("self_attn.q_proj.weight"),
+                part("self_attn.k_proj.weight"),
+                part("self_attn.v_proj.weight"),
+            ]
         )
         state[prefix + "attention.wo.weight"] = part("self_attn.o_proj.weight")
         state[prefix + "feed_forward.w13.weight"] = torch.cat(

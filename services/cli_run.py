@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from engine import registry
+from engine.tokenizer import Tokenizer
 from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
 
 
@@ -23,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampling_args(run)
     run.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     run.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
         help="weight and activation dtype (default float32)",
     )
     run.set_defaults(func=_run)
@@ -37,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=registry.DEFAULT_MODEL,
+        "--model",
+        default=registry.DEFAULT_MODEL,
         help=f"a model name (see `tandem models list`) or a path to a GGUF file or HF folder "
         f"(default {registry.DEFAULT_MODEL})",
     )
@@ -46,7 +50,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_tokenizer(args: argparse.Namespace, model_path: Path | None):  # type: ignore[no-untyped-def]
+def _load_tokenizer(args: argparse.Namespace, model_path: Path | None) -> Tokenizer:
     from engine.tokenizer import load_tokenizer
 
     if args.tokenizer:
@@ -102,13 +106,18 @@ def _run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids)}
     if args.json:
-        print(json.dumps({
-            "prompt_token_ids": prompt_ids,
-            "token_ids": result.token_ids,
-            "text": result.text,
-            "finish_reason": result.finish_reason,
-            "usage": usage,
-        }, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "prompt_token_ids": prompt_ids,
+                    "token_ids": result.token_ids,
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "usage": usage,
+                },
+                ensure_ascii=False,
+            )
+        )
     else:
         decode = elapsed - ((first or started) - started)
         rate = (len(result.token_ids) - 1) / decode if decode > 0 else 0.0

@@ -75,8 +75,13 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny_engine: Engine) -
     seeded = SamplingParams(temperature=1.0, seed=1234)
     alone = tiny_engine.step([SeqInput("x", prompt, 0, [0, 1, 2, 3], seeded)])[0].token_id
     others = [
-        SeqInput(f"o{i}", [(7 * i) % vocab] * (i + 2), 0, [10 + i * 3, 11 + i * 3, 12 + i * 3],
-                 SamplingParams(temperature=1.0))
+        SeqInput(
+            f"o{i}",
+            [(7 * i) % vocab] * (i + 2),
+            0,
+            [10 + i * 3, 11 + i * 3, 12 + i * 3],
+            SamplingParams(temperature=1.0),
+        )
         for i in range(3)
     ]
     batch = [others[0], SeqInput("x", prompt, 0, [0, 1, 2, 3], seeded), *others[1:]]

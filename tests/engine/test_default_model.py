@@ -54,16 +54,24 @@ def prompt_ids(tokenizer: Tokenizer, kind: str) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["plain", "chat", "non_ascii", "code"])
 def test_greedy_continuation_equals_transformers(
-    reference, engine: Engine, tokenizer: Tokenizer, kind: str  # type: ignore[no-untyped-def]
+    reference,
+    engine: Engine,
+    tokenizer: Tokenizer,
+    kind: str,  # type: ignore[no-untyped-def]
 ) -> None:
     ids = prompt_ids(tokenizer, kind)
     with torch.no_grad():
         ref = reference.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
-            return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=0,
         )
-    ref_tokens = ref.sequences[0, len(ids):].tolist()
+    ref_tokens = ref.sequences[0, len(ids) :].tolist()
     comparable = NEW_TOKENS
     for step, logits in enumerate(ref.logits):
         top2 = logits[0].topk(2).values

@@ -25,13 +25,20 @@ HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB, CTX = 256, 512, 2, 4, 2, 300, 128
 HEAD_DIM = HIDDEN // HEADS
 # Bytes per 256-value block and the byte offsets of their fp16 scale fields, for the k-quants
 # that gguf-py cannot quantize: their blocks are random bytes with sane scales.
-K_QUANT_BLOCKS = {Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,)),
-                  Q.Q2_K: (84, (80, 82))}
+K_QUANT_BLOCKS = {
+    Q.Q4_K: (144, (0, 2)),
+    Q.Q5_K: (176, (0, 2)),
+    Q.Q6_K: (210, (208,)),
+    Q.Q2_K: (84, (80, 82)),
+}
 
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    return (w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
@@ -44,7 +51,9 @@ def encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
     return quantize(w, qtype)
 
 
-def write_gguf(path: Path, qtype: Q, rope_factors: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def write_gguf(
+    path: Path, qtype: Q, rope_factors: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Writes a random LLaMA GGUF; returns its weights as the reader must see them (HF layout)."""
     rng = np.random.default_rng(int(qtype))
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -74,10 +83,19 @@ def write_gguf(path: Path, qtype: Q, rope_factors: np.ndarray | None = None) -> 
     for i in range(LAYERS):
         p, h = f"blk.{i}.", f"model.layers.{i}."
         add(p + "attn_q.weight", h + "self_attn.q_proj.weight", rand(HIDDEN, HIDDEN), qtype, HEADS)
-        add(p + "attn_k.weight", h + "self_attn.k_proj.weight",
-            rand(KV_HEADS * HEAD_DIM, HIDDEN), qtype, KV_HEADS)
-        add(p + "attn_v.weight", h + "self_attn.v_proj.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN),
-            qtype)
+        add(
+            p + "attn_k.weight",
+            h + "self_attn.k_proj.weight",
+            rand(KV_HEADS * HEAD_DIM, HIDDEN),
+            qtype,
+            KV_HEADS,
+        )
+        add(
+            p + "attn_v.weight",
+            h + "self_attn.v_proj.weight",
+            rand(KV_HEADS * HEAD_DIM, HIDDEN),
+            qtype,
+        )
         add(p + "attn_output.weight", h + "self_attn.o_proj.weight", rand(HIDDEN, HIDDEN), qtype)
         add(p + "ffn_gate.weight", h + "mlp.gate_proj.weight", rand(FFN, HIDDEN), qtype)
         add(p + "ffn_up.weight", h + "mlp.up_proj.weight", rand(FFN, HIDDEN), qtype)
@@ -96,17 +114,27 @@ def write_gguf(path: Path, qtype: Q, rope_factors: np.ndarray | None = None) -> 
 
 
 def llama_cpp_permute_inverse(w: np.ndarray, n_heads: int) -> np.ndarray:
-    return (w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def reference_model(weights: dict[str, np.ndarray], rope_scaling: dict | None = None):  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=CTX,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=CTX,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
         rope_scaling=rope_scaling,
     )
     model = LlamaForCausalLM(config).eval()
@@ -127,7 +155,8 @@ def check_against_reference(path: Path, reference) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.parametrize(
-    "qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K],
+    "qtype",
+    [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K],
     ids=lambda q: q.name,
 )
 def test_every_supported_type_loads_like_transformers(tmp_path: Path, qtype: Q) -> None:
@@ -142,8 +171,13 @@ def test_every_supported_type_loads_like_transformers(tmp_path: Path, qtype: Q) 
 def test_rope_freqs_tensor_applies_llama3_scaling(tmp_path: Path) -> None:
     from engine.config import RopeScaling
 
-    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)
+    scaling = dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+    )
     plain = inverse_frequencies(HEAD_DIM, 10000.0)
     scaled = inverse_frequencies(HEAD_DIM, 10000.0, RopeScaling(8.0, 1.0, 4.0, 16))
     path = tmp_path / "rope.gguf"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.errors import InvalidRequest
-from engine.sampling import SamplingParams, Sampler, uniform_noise
+from engine.sampling import Sampler, SamplingParams, uniform_noise
 
 
 def logits_of(probs: list[float]) -> torch.Tensor:
@@ -89,8 +89,10 @@ def test_seeded_draws_are_reproducible_and_independent_of_the_batch() -> None:
     together = Sampler()(batch, params, [3, 9, 17, 1], [None] * 4).token_ids.tolist()
     assert together[2] == alone
     # A different seed or position gives an independent draw: not always the same token.
-    draws = {Sampler()(logits, [SamplingParams(seed=s)], [17], [None]).token_ids.item()
-             for s in range(20)}
+    draws = {
+        Sampler()(logits, [SamplingParams(seed=s)], [17], [None]).token_ids.item()
+        for s in range(20)
+    }
     assert len(draws) > 1
 
 

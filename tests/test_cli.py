@@ -1,0 +1,135 @@
+"""The offline CLI: `tandem run --json`, `tandem tokenize`, `tandem models`, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.slow
+def test_run_json_prints_one_object(capsys: pytest.CaptureFixture[str], default_gguf: Path) -> None:
+    code, out, _ = run_cli(
+        capsys,
+        "run",
+        "--model",
+        str(default_gguf),
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert set(result) == {"prompt_token_ids", "token_ids", "text", "finish_reason", "usage"}
+    assert result["finish_reason"] == "length"
+    assert len(result["token_ids"]) == 8
+    assert result["usage"] == {
+        "prompt_tokens": len(result["prompt_token_ids"]),
+        "completion_tokens": 8,
+    }
+    assert "Paris" in result["text"]
+
+
+@pytest.mark.slow
+def test_run_chat_stops_at_end_of_turn(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path
+) -> None:
+    code, out, _ = run_cli(
+        capsys,
+        "run",
+        "--model",
+        str(default_gguf),
+        "--chat",
+        "--prompt",
+        "Say hello.",
+        "--max-tokens",
+        "64",
+        "--json",
+    )
+    result = json.loads(out)
+    assert code == 0 and result["finish_reason"] == "stop"
+    assert result["token_ids"][-1] in (0, 2)  # <|endoftext|> or <|im_end|>
+    assert "<|im_end|>" not in result["text"]
+
+
+def test_tokenize_json(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path, llama3_tokenizer_model: Path
+) -> None:
+    code, out, _ = run_cli(
+        capsys, "tokenize", "--model", str(default_gguf), "--text", "Hello", "--json"
+    )
+    assert code == 0 and json.loads(out) == {"token_ids": [19556]}
+    code, out, _ = run_cli(
+        capsys,
+        "tokenize",
+        "--tokenizer",
+        str(llama3_tokenizer_model),
+        "--text",
+        "Hello world",
+        "--json",
+    )
+    assert code == 0 and json.loads(out) == {"token_ids": [9906, 1917]}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--model", "no-such-model", "--prompt", "x"], "unknown model 'no-such-model'"),
+        (["run", "--model", "/nonexistent/m.gguf", "--prompt", "x"], "no such file"),
+        (["run", "--prompt", "x", "--temperature", "-1"], "temperature"),
+        (["run", "--prompt", "x", "--top-p", "0"], "top_p"),
+        (["run", "--prompt", "x", "--top-k", "-2"], "top_k"),
+        (["models", "fetch", "nope"], "unknown model 'nope'"),
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_engine_errors_after_loading(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path, tmp_path: Path
+) -> None:
+    too_long = ",".join(["1"] * 8193)
+    code, _, err = run_cli(capsys, "run", "--model", str(default_gguf), "--prompt-ids", too_long)
+    assert code == 2 and "context of 8192" in err
+    code, _, err = run_cli(
+        capsys, "run", "--model", str(default_gguf), "--prompt-ids", "1,2", "--max-tokens", "0"
+    )
+    assert code == 2 and "max_tokens" in err
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\0" * 64)
+    code, _, err = run_cli(capsys, "run", "--model", str(corrupt), "--prompt", "x")
+    assert code == 2 and "corrupt.gguf" in err
+
+
+def test_models_list_names_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "models", "list")
+    assert code == 0 and "smollm2-135m-instruct" in out and "[default]" in out and "llama3" in out
+
+
+def test_console_script_help_explains_commands() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("run", "tokenize", "models"):
+        assert command in done.stdout
