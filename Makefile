@@ -6,19 +6,32 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 MODELS ?= smollm2-135m-instruct llama3
 STAMP := $(VENV)/.tandem-installed
+PROTOS := $(wildcard protos/tandem/v1/*.proto protos/tandem/internal/v1/*.proto)
+GENERATED := tandem/.generated
+MODELS_STAMP := $(VENV)/.tandem-models
 PYTEST_ARGS ?=
 
 .PHONY: setup run test lint bench protos clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(GENERATED) $(MODELS_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
-	$(VENV)/bin/tandem models fetch $(MODELS)
 	@touch $(STAMP)
+
+# Python code for the protos, produced by the build and never edited (it is not in git).
+protos: $(GENERATED)
+
+$(GENERATED): $(PROTOS) $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	@touch $(GENERATED)
+
+$(MODELS_STAMP): $(STAMP) $(GENERATED)
+	$(VENV)/bin/tandem models fetch $(MODELS)
+	@touch $(MODELS_STAMP)
 
 run: setup
 	$(VENV)/bin/tandem run --chat --prompt "Write a haiku about shared memory." --max-tokens 64
@@ -35,4 +48,4 @@ bench: setup
 	$(PY) -m bench.engine
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info tandem/v1 tandem/internal $(GENERATED)

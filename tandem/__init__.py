@@ -1,0 +1,1 @@
+"""Python code generated from `protos/` by `make protos` (grpc_tools.protoc); never edited."""
