@@ -18,7 +18,7 @@ setup: $(STAMP) $(GENERATED) $(MODELS_STAMP)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
 	@touch $(STAMP)
 
