@@ -42,6 +42,8 @@ class ShmOwner:
         self._pid = os.getpid()
         self._previous: Any = None
         self._installed = False
+        self._closing = False
+        self._terminate = False
         if reap_on_start:
             reap()
         atexit.register(self.close)
@@ -69,19 +71,32 @@ class ShmOwner:
         if os.getpid() != self._pid:
             return  # a forked child does not own its parent's segments
         with self._lock:
+            self._closing = True
             objects, self._objects = self._objects, []
-        for obj in reversed(objects):
-            with contextlib.suppress(Exception):  # one failed close must not strand the rest
-                obj.close()
+        try:
+            for obj in reversed(objects):
+                with contextlib.suppress(Exception):  # one failed close must not strand the rest
+                    obj.close()
+        finally:
+            self._closing = False
         if self._installed and threading.current_thread() is threading.main_thread():
             self._installed = False
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
                 signal.signal(signal.SIGTERM, self._previous)
         atexit.unregister(self.close)
+        if self._terminate:
+            self._terminate = False
+            self._chain(signal.SIGTERM, None)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous
+        if self._closing:
+            self._terminate = True  # let the close in progress finish, then act on the signal
+            return
         self.close()
+        self._chain(signum, frame)
+
+    def _chain(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._previous
         if callable(previous):
             previous(signum, frame)
         else:  # SIG_DFL: die of SIGTERM as if we had never been here
