@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import struct
 import time
@@ -33,6 +34,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import grpc
+import posix_ipc
 
 from shm.arena import Arena
 from shm.consumer import RingConsumer
@@ -315,6 +317,38 @@ def bench_pinned_h2d(sizes: list[int], budget: Budget) -> list[str]:
 # --- report ---------------------------------------------------------------------------------
 
 
+def semaphore_peer(names: tuple[str, str], rounds: int) -> None:
+    ping, pong = (posix_ipc.Semaphore(n) for n in names)
+    for _ in range(rounds):
+        ping.acquire()
+        pong.release()
+
+
+def bench_semaphore(budget: Budget) -> dict:
+    """The floor under any wake-up: a bare posix-semaphore ping-pong, no ring, no payload."""
+    names = (f"/tandem-bench-{os.getpid()}-ping", f"/tandem-bench-{os.getpid()}-pong")
+    ping, pong = (posix_ipc.Semaphore(n, posix_ipc.O_CREX, mode=0o600) for n in names)
+    rounds = 20 + budget.most
+    ctx = mp.get_context("spawn")
+    peer = ctx.Process(target=semaphore_peer, args=(names, rounds))
+    peer.start()
+    try:
+
+        def round_trip() -> None:
+            ping.release()
+            pong.acquire()
+
+        samples = budget.run(round_trip)
+        for _ in range(rounds - 20 - len(samples)):
+            round_trip()
+        peer.join()
+    finally:
+        for sem in (ping, pong):
+            sem.unlink()
+            sem.close()
+    return summarize("bare semaphore ping-pong", 0, samples)
+
+
 def bench_shm_async(budget: Budget, spin_s: float) -> dict:
     """The 64-byte hop where the client awaits `get_async` on an event loop (the services' way)."""
     ctx = mp.get_context("spawn")
@@ -372,7 +406,7 @@ def table(results: list[dict], copies: dict[int, dict], extra: list[dict]) -> st
         )
     for row in extra:
         lines.append(
-            f"\n{row['transport']}, {human(row['payload_bytes'])}: "
+            f"\n{row['transport']}, {human(row['payload_bytes'])} one-way: "
             f"p50 {row['p50_us']:.1f} µs, p99 {row['p99_us']:.1f} µs"
         )
     return "\n".join(lines)
@@ -396,7 +430,9 @@ def main() -> None:
 
     spin_s = DEFAULT_SPIN_S if args.spin_us is None else args.spin_us * 1e-6
     shm_results, copies = bench_shm(sizes, budget, spin_s)
-    extra = [bench_shm_async(budget, spin_s)] if 64 in sizes else []
+    extra = [bench_semaphore(budget)]
+    if 64 in sizes:
+        extra.append(bench_shm_async(budget, spin_s))
     grpc_results = bench_grpc(sizes, budget)
     results = shm_results + grpc_results
     print(table(results, copies, extra))
