@@ -94,7 +94,13 @@ class RingConsumer(Ring):
             pos = 0
             n, kind, seq = RECORD.unpack_from(self.buf, 0)
         size = record_size(n)
-        if kind != MESSAGE or seq != self._seq or n > self.max_payload or tail + size > head:
+        if (
+            kind != MESSAGE
+            or seq != self._seq
+            or n > self.max_payload
+            or pos + size > cap
+            or tail + size > head
+        ):
             raise ShmError(f"ring {self.name}: corrupt record at {pos} (seq {seq}, {n} bytes)")
         data = bytes(self.buf[pos + RECORD.size : pos + RECORD.size + n])
         self._tail = tail + size

@@ -49,6 +49,7 @@ def test_constructor_validates(kwargs: dict[str, object], problem: str) -> None:
         Handle(**fields)  # type: ignore[arg-type]
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=120))
 def test_from_bytes_never_raises_anything_else(data: bytes) -> None:
     with contextlib.suppress(ShmError):
@@ -91,7 +92,9 @@ def _check_outcome(world: World, handle: Handle) -> None:
 dims = st.lists(st.integers(0, 1 << 20), max_size=4).map(tuple)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_random_handles_are_data_or_shm_error(world: World, data: st.DataObject) -> None:
     arena = world[0]
@@ -113,7 +116,9 @@ def test_random_handles_are_data_or_shm_error(world: World, data: st.DataObject)
     _check_outcome(world, handle)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_corrupted_handle_bytes_are_data_or_shm_error(world: World, data: st.DataObject) -> None:
     arena = world[0]

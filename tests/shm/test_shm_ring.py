@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shm.consumer import RingConsumer
 from shm.errors import ShmError
@@ -176,3 +179,26 @@ def test_producer_owns_and_unlinks_names() -> None:
     assert all(os.path.exists(f) for f in files)  # the consumer only lets go
     producer.close()
     assert not any(os.path.exists(f) for f in files)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 496), st.just(-1)), min_size=1, max_size=300))
+def test_ring_behaves_like_a_bounded_queue(ops: list[int]) -> None:
+    """Each op puts a record of that many bytes (when it fits) or, for -1, takes one."""
+    with (
+        RingProducer.create(1024) as producer,
+        RingConsumer.attach(producer.name) as consumer,
+    ):
+        model: deque[bytes] = deque()
+        for i, op in enumerate(ops):
+            if op < 0:
+                assert consumer.try_get() == (model.popleft() if model else None)
+                continue
+            payload = bytes([i % 256]) * op
+            if producer.try_put(payload):
+                model.append(payload)
+            else:
+                assert model, "an empty ring refused a record within max_payload"
+        while model:
+            assert consumer.try_get() == model.popleft()
+        assert consumer.try_get() is None
