@@ -1,7 +1,7 @@
 """Deadlines of waiting and running requests, earliest first, so expiry never scans the queue.
 
 Entries of requests that moved on (admitted, finished) are dropped lazily; a request may
-appear twice after a preemption, and the caller ignores a request that is already finished.
+have two entries after a preemption, and is reported once.
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ class Deadlines:
     def _pop(
         heap: list[tuple[float, int, RequestState]], until: float, statuses: tuple[Status, ...]
     ) -> list[RequestState]:
-        out: list[RequestState] = []
+        out: dict[int, RequestState] = {}
         while heap and heap[0][0] <= until:
             req = heapq.heappop(heap)[2]
             if req.status in statuses:
-                out.append(req)
-        return out
+                # A request preempted and re-queued has two entries: report it once.
+                out[id(req)] = req
+        return list(out.values())
 
     @staticmethod
     def _next(

@@ -1,0 +1,163 @@
+"""Property tests: random arrivals, cancellations, clock jumps and steps never break the books,
+and every accepted request ends exactly once with exactly the model's tokens."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from services.scheduler import invariants
+from services.scheduler.errors import SchedulerError
+from services.scheduler.events import Event, Finished, Token
+from services.scheduler.request import Request
+
+from .utils import Rig, create_rig, expected_tokens
+
+# A few shared prefixes (some a block or two long) so prefix sharing happens often.
+PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    rig: Rig
+
+    @initialize(
+        chunked=st.booleans(),
+        caching=st.booleans(),
+        isolate=st.booleans(),
+        max_wait_us=st.sampled_from([0.0, 2000.0]),
+        num_kv_blocks=st.integers(12, 40),
+    )
+    def setup(
+        self, chunked: bool, caching: bool, isolate: bool, max_wait_us: float, num_kv_blocks: int
+    ) -> None:
+        self.rig = create_rig(
+            num_kv_blocks=num_kv_blocks,
+            block_size=4,
+            max_model_len=48,
+            max_num_seqs=4,
+            max_num_batched_tokens=16 if chunked else 48,
+            long_prefill_token_threshold=8,
+            enable_chunked_prefill=chunked,
+            enable_prefix_caching=caching,
+            isolate_priority_prefill=isolate,
+            max_waiting_requests=6,
+            aging_per_s=2.0,
+            max_wait_us=max_wait_us,
+            session_kv_fraction=0.3,
+        )
+        self.requests: dict[str, Request] = {}
+        self.events: list[Event] = []
+        self.n = 0
+
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        suffix=st.lists(st.integers(10, 30), min_size=1, max_size=20),
+        max_tokens=st.integers(1, 16),
+        priority=st.integers(-1, 2),
+        deadline_in=st.one_of(st.none(), st.floats(0.001, 0.2)),
+        session=st.sampled_from([None, None, "s1", "s2"]),
+    )
+    def add(
+        self,
+        prefix: list[int],
+        suffix: list[int],
+        max_tokens: int,
+        priority: int,
+        deadline_in: float | None,
+        session: str | None,
+    ) -> None:
+        rig = self.rig
+        deadline = None if deadline_in is None else rig.clock.now + deadline_in
+        request = Request(
+            f"q{self.n}", [*prefix, *suffix], max_tokens, frozenset(), priority, deadline, session
+        )
+        self.n += 1
+        try:
+            self.events += rig.add(request)
+        except SchedulerError:
+            return
+        self.requests[request.request_id] = request
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(sorted(self.requests)))
+        self.rig.scheduler.cancel(request_id)
+        self.events += self.rig.scheduler.drain_events()
+
+    @rule(k=st.integers(1, 4))
+    def step(self, k: int) -> None:
+        for _ in range(k):
+            plan, events = self.rig.step()
+            self.events += events
+            if plan.is_empty:
+                break
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def cancel_during_a_step(self, data: st.DataObject) -> None:
+        sched = self.rig.scheduler
+        plan = sched.schedule()
+        if plan.is_empty:
+            self.events += sched.drain_events()
+            return
+        result = self.rig.worker.execute(plan)
+        sched.cancel(data.draw(st.sampled_from(sorted(self.requests))))
+        invariants.check(sched)
+        self.events += sched.update(plan, result)
+
+    @rule(dt=st.floats(0.0, 0.05))
+    def wait(self, dt: float) -> None:
+        self.rig.clock.advance(dt)
+
+    @invariant()
+    def books_balance(self) -> None:
+        if hasattr(self, "rig"):
+            invariants.check(self.rig.scheduler)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "rig"):
+            return
+        rig, sched = self.rig, self.rig.scheduler
+        for _ in range(2000):
+            if not sched.has_unfinished():
+                break
+            plan, events = rig.step()
+            self.events += events
+            if plan.is_empty and sched.has_unfinished():
+                wakeup = sched.next_wakeup()
+                assert wakeup is not None, "stalled: work left, nothing to wait for"
+                rig.clock.advance_to(max(wakeup, rig.clock.now))
+        assert not sched.has_unfinished()
+        self.events += sched.drain_events()
+        # Only session pins may hold blocks now (two sessions may pin the same prefix block).
+        pinned = {block for _, ids in sched.sessions.items() for block in ids}
+        assert sched.stats().kv_blocks_used == len(pinned)
+        ends: dict[str, list[Finished]] = defaultdict(list)
+        tokens: dict[str, list[Token]] = defaultdict(list)
+        for e in self.events:
+            if isinstance(e, Finished):
+                ends[e.request_id].append(e)
+            elif isinstance(e, Token):
+                tokens[e.request_id].append(e)
+        assert set(ends) == set(self.requests)
+        for request_id, request in self.requests.items():
+            (end,) = ends[request_id]
+            got = tokens[request_id]
+            assert [t.index for t in got] == list(range(len(got)))
+            assert end.num_output_tokens == len(got)
+            assert [t.token_id for t in got] == expected_tokens(request, len(got))
+            if end.reason == "length":
+                assert len(got) == request.max_tokens
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
