@@ -155,8 +155,7 @@ def _start(
     req = s.waiting.pop()
     resumed = req.status is Status.PREEMPTED
     s.blocks.acquire(hits)
-    req.block_ids = hits + s.blocks.allocate(num_new)
-    req.block_table = tuple(req.block_ids)
+    req.set_blocks(hits + s.blocks.allocate(num_new))
     req.num_registered_blocks = len(hits)
     if req.session_id is not None:
         # The new turn holds its own references now; the session's pin has done its job.
@@ -222,8 +221,7 @@ def schedule_deferred(s: Scheduler, b: StepBuilder, deferred: list[RequestState]
         if need > blocks.num_free:
             continue
         if need > 0:
-            req.block_ids += blocks.allocate(need)
-            req.block_table = tuple(req.block_ids)
+            req.set_blocks(req.block_ids + blocks.allocate(need))
         b.add_prefill(req, n, n + chunk)
         if n + chunk == total and req.long_prefill:
             req.long_prefill = False

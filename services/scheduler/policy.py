@@ -178,56 +178,58 @@ class Scheduler:
     def _schedule_running(
         self, b: admission.StepBuilder, floor: tuple[int, float] | None
     ) -> list[RequestState]:
-        # The hot loop: one pass over the running batch, locals only, no allocation but the row.
+        # The hot loop: one pass over the running batch with locals only. Decodes, nearly every
+        # row at steady state, take the short path. Preemption only ever pops the list's tail,
+        # which the loop has not reached yet (or is the current request: then the loop ends).
         bs = self.config.block_size
         threshold = self.config.long_prefill_token_threshold
         chunked = self.config.enable_chunked_prefill
         blocks = self.blocks
-        running = self.running
-        seqs, reqs = b.seqs, b.reqs
+        add_row, add_req, row = b.seqs.append, b.reqs.append, ScheduledSeq
         budget = b.budget
         num_decode = 0
         deferred: list[RequestState] = []
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        for req in self.running:
+            if budget <= 0:
+                break
             n = req.num_computed_tokens
-            total = len(req.token_ids)
-            chunk = total - n
-            if chunk > 1 or n < req.num_prompt_tokens:
-                if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
-                    deferred.append(req)
-                    i += 1
-                    continue
-                chunk = min(chunk, budget, threshold) if req.long_prefill else min(chunk, budget)
-                if not chunked and n + chunk < total:
-                    i += 1
-                    continue
-                b.note_prefill(req.priority, req.rank)
+            tokens = req.token_ids
+            total = len(tokens)
+            if total - n == 1 and n >= req.num_prompt_tokens:
+                if n >= req.capacity:
+                    if not blocks.num_free and not self.make_room(1, req):
+                        break
+                    req.set_blocks(req.block_ids + blocks.allocate(1))
+                add_row(row(req.request_id, tokens[n:], n, req.block_table, True, req.sampling))
+                add_req(req)
+                req.num_computed_tokens = total
+                budget -= 1
+                num_decode += 1
+                continue
+            if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
+                deferred.append(req)
+                continue
+            chunk = (
+                min(total - n, budget, threshold) if req.long_prefill else min(total - n, budget)
+            )
             end = n + chunk
-            if end > len(req.block_ids) * bs:
+            if not chunked and end < total:
+                continue
+            if end > req.capacity:
                 need = -(-end // bs) - len(req.block_ids)
                 if need > blocks.num_free and not self.make_room(need, req):
                     break
-                req.block_ids += blocks.allocate(need)
-                req.block_table = tuple(req.block_ids)
+                req.set_blocks(req.block_ids + blocks.allocate(need))
             sample = end == total
-            seqs.append(
-                ScheduledSeq(
-                    req.request_id, req.token_ids[n:end], n, req.block_table, sample, req.sampling
-                )
-            )
-            reqs.append(req)
+            add_row(row(req.request_id, tokens[n:end], n, req.block_table, sample, req.sampling))
+            add_req(req)
             req.num_computed_tokens = end
             budget -= chunk
-            if chunk == 1 and n >= req.num_prompt_tokens:
-                num_decode += 1
-            else:
-                b.num_prefill_tokens += chunk
-                if sample and req.long_prefill:
-                    req.long_prefill = False
-                    self.num_long_prefills -= 1
-            i += 1
+            b.num_prefill_tokens += chunk
+            b.note_prefill(req.priority, req.rank)
+            if sample and req.long_prefill:
+                req.long_prefill = False
+                self.num_long_prefills -= 1
         b.budget = budget
         b.num_decode_tokens += num_decode
         return deferred
@@ -265,8 +267,11 @@ class Scheduler:
                 any_finished = True
                 continue
             token_id, logprob = out
-            req.append_token(token_id)
-            index = len(req.token_ids) - req.num_prompt_tokens - 1
+            tokens = req.token_ids
+            tokens.append(token_id)
+            if len(tokens) % bs == 0:
+                req.extend_hashes()
+            index = len(tokens) - req.num_prompt_tokens - 1
             events.append(Token(req.request_id, token_id, logprob, index))
             if token_id in req.stop_token_ids:
                 self.finish(req, "stop", now, unlink=False)
@@ -341,8 +346,7 @@ class Scheduler:
     def _drop_blocks(self, req: RequestState) -> None:
         if req.block_ids:
             self.blocks.free(req.block_ids)
-            req.block_ids = []
-            req.block_table = ()
+            req.set_blocks([])
         req.num_computed_tokens = 0
         req.num_registered_blocks = 0
         if req.long_prefill:

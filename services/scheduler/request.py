@@ -44,6 +44,7 @@ class RequestState:
         "block_ids",
         "block_size",
         "block_table",
+        "capacity",
         "deadline",
         "enqueue_time",
         "hash_blocks",
@@ -93,6 +94,8 @@ class RequestState:
         self.block_ids: list[int] = []
         # An immutable copy of block_ids, rebuilt only when a block is added: plans share it.
         self.block_table: tuple[int, ...] = ()
+        # Tokens the blocks can hold: the hot loop's "does it need a block" test.
+        self.capacity = 0
         # Chained hashes of every full block of token_ids, extended as tokens arrive.
         self.block_hashes: list[bytes] = []
         self.hash_blocks = hash_blocks
@@ -119,10 +122,10 @@ class RequestState:
     def effective_priority(self, now: float, aging_per_s: float) -> float:
         return self.priority + aging_per_s * (self.waited_s + max(0.0, now - self.enqueue_time))
 
-    def append_token(self, token_id: int) -> None:
-        self.token_ids.append(token_id)
-        if self.hash_blocks and len(self.token_ids) % self.block_size == 0:
-            self.extend_hashes()
+    def set_blocks(self, block_ids: list[int]) -> None:
+        self.block_ids = block_ids
+        self.block_table = tuple(block_ids)
+        self.capacity = len(block_ids) * self.block_size
 
     def extend_hashes(self) -> None:
         if not self.hash_blocks:

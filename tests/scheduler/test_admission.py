@@ -76,7 +76,7 @@ def test_queued_then_scheduled_events() -> None:
     rig = create_rig()
     events = rig.add(*create_requests(2))
     assert [type(e) for e in events] == [Queued, Queued]
-    assert [e.queue_depth for e in events] == [1, 2]
+    assert [e.queue_depth for e in of_type(events, Queued)] == [1, 2]
     _, events = rig.step()
     scheduled = of_type(events, Scheduled)
     assert [e.request_id for e in scheduled] == ["r0", "r1"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.scheduler.config import SchedulerConfig
 
-BASE = {"num_kv_blocks": 16, "block_size": 4, "max_model_len": 64}
+BASE: dict[str, Any] = {"num_kv_blocks": 16, "block_size": 4, "max_model_len": 64}
 
 
 @pytest.mark.parametrize(
@@ -30,7 +32,7 @@ BASE = {"num_kv_blocks": 16, "block_size": 4, "max_model_len": 64}
 )
 def test_invalid_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
-        SchedulerConfig(**{**BASE, field: value})  # type: ignore[arg-type]
+        SchedulerConfig(**{**BASE, field: value})
 
 
 def test_without_chunking_the_budget_must_hold_the_longest_prompt() -> None:

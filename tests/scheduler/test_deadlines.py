@@ -66,10 +66,12 @@ def test_next_wakeup_names_the_deadline_so_the_loop_never_polls() -> None:
     sim.submit(Request("queued", [1, 2], 2, deadline=0.03), at=0.001)
     sched = sim.scheduler
     sim.run(max_steps=1)
-    assert sched.next_wakeup() is not None and sched.next_wakeup() <= 0.03
+    wakeup = sched.next_wakeup()
+    assert wakeup is not None and wakeup <= 0.03
     sim.run()
-    assert sim.records["queued"].reason == "deadline"
-    assert sim.records["queued"].finished_at <= 0.03
+    record = sim.records["queued"]
+    assert record.reason == "deadline"
+    assert record.finished_at is not None and record.finished_at <= 0.03
 
 
 def test_expiry_on_an_idle_worker_happens_at_the_wakeup() -> None:
