@@ -14,7 +14,7 @@ from pathlib import Path
 from engine.errors import EngineError
 from shm.errors import ShmError
 
-SUBCOMMAND_MODULES = ("services.cli_models", "services.cli_run")
+SUBCOMMAND_MODULES = ("services.cli_models", "services.cli_run", "services.cli_shm")
 
 USER_ERRORS: tuple[type[Exception], ...] = (EngineError, ShmError)
 

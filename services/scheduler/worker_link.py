@@ -1,0 +1,129 @@
+"""The scheduler's connection to its worker: gRPC for control, shared-memory rings for steps.
+
+With `shared_memory=False` the same records travel as `Worker.Step` calls instead (a worker on
+another host). One step is in flight at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+import grpc
+from grpc import aio
+
+from shm.consumer import RingConsumer
+from shm.errors import PeerGone, ShmError
+from shm.producer import RingProducer
+from tandem.internal.v1 import hotpath_pb2 as hp
+from tandem.internal.v1 import worker_pb2 as wpb
+from tandem.internal.v1 import worker_pb2_grpc
+
+STEP_RING_BYTES = 16 << 20
+HOP_SAMPLES = 2048
+
+
+class WorkerGone(Exception):
+    """The worker died or stopped answering; everything in flight is lost."""
+
+
+class HopTimes:
+    """One-way latencies of the last steps' hops (scheduler → worker, worker → scheduler), in µs."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=HOP_SAMPLES)
+
+    def add(self, start_ns: int, end_ns: int) -> None:
+        if start_ns and end_ns >= start_ns:
+            self.samples.append((end_ns - start_ns) / 1000)
+
+    def percentile(self, q: float) -> float:
+        if not self.samples:
+            return 0.0
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class WorkerLink:
+    def __init__(self, address: str, shared_memory: bool = True) -> None:
+        self.address = address
+        self.shared_memory = shared_memory
+        self.channel = aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+                # A restarted worker is found within a second or two, not gRPC's default minutes.
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ],
+        )
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.steps: RingProducer | None = None
+        self.results: RingConsumer | None = None
+        # Over gRPC, each step is a call whose outcome (or error) lands here.
+        self.outcomes: asyncio.Queue[hp.StepOutcome | BaseException] = asyncio.Queue()
+        self.to_worker = HopTimes()
+        self.to_scheduler = HopTimes()
+        self.sent_ns = 0
+        self._calls: set[asyncio.Task[None]] = set()
+
+    async def connect(self) -> hp.ModelDescription:
+        """Wait for the worker to be up (gRPC reconnects with backoff), then attach the rings."""
+        self.close_rings()
+        description = await self.stub.Describe(wpb.DescribeRequest(), wait_for_ready=True)
+        if self.shared_memory:
+            self.steps = RingProducer.create(STEP_RING_BYTES)
+            reply = await self.stub.Attach(
+                wpb.WorkerAttachRequest(step_ring=self.steps.name), wait_for_ready=True
+            )
+            self.results = RingConsumer.attach(reply.result_ring)
+        return description
+
+    def send(self, desc: hp.StepDescriptor) -> None:
+        desc.sent_ns = self.sent_ns = time.monotonic_ns()
+        if self.steps is not None:
+            try:
+                self.steps.put(desc.SerializeToString(), timeout=5.0)
+            except (PeerGone, TimeoutError, ShmError) as err:
+                raise WorkerGone(f"cannot send step {desc.step_id}: {err}") from err
+        else:
+            task = asyncio.create_task(self._call(desc))
+            self._calls.add(task)  # held until done, so the task is not collected mid-call
+            task.add_done_callback(self._calls.discard)
+
+    async def _call(self, desc: hp.StepDescriptor) -> None:
+        try:
+            self.outcomes.put_nowait(await self.stub.Step(desc))
+        except grpc.RpcError as err:
+            self.outcomes.put_nowait(WorkerGone(f"Worker.Step failed: {err.code().name}"))
+
+    async def receive(self) -> hp.StepOutcome:
+        """The outcome of the step in flight; raises WorkerGone if the worker is lost."""
+        if self.results is not None:
+            try:
+                data = await self.results.get_async()
+            except (PeerGone, ShmError) as err:
+                raise WorkerGone(f"the worker's result ring ended: {err}") from err
+            outcome = hp.StepOutcome.FromString(data)
+        else:
+            item = await self.outcomes.get()
+            if isinstance(item, BaseException):
+                raise item
+            outcome = item
+        self.to_worker.add(self.sent_ns, outcome.received_ns)
+        self.to_scheduler.add(outcome.sent_ns, time.monotonic_ns())
+        return outcome
+
+    def close_rings(self) -> None:
+        if self.steps is not None:
+            self.steps.close()
+            self.steps = None
+        if self.results is not None:
+            self.results.close()
+            self.results = None
+
+    async def close(self) -> None:
+        self.close_rings()
+        await self.channel.close()

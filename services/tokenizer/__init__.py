@@ -1,0 +1,1 @@
+"""The tokenizer process: the public edge of the pipeline."""

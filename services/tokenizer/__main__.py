@@ -1,0 +1,144 @@
+"""python -m services.tokenizer: the public gRPC edge — tokenize, submit, stream text back."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import registry
+from engine.errors import EngineError
+from services.server import run, setup_logging, start_server, stop_event_on_signals
+from tandem.v1 import generation_pb2, generation_pb2_grpc
+
+log = logging.getLogger("tandem.tokenizer")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    model_path: Path
+    model_name: str
+    tokenizer_path: Path
+    host: str
+    port: int
+    scheduler: str
+    shared_memory: bool
+    arena_bytes: int
+    tokenizer_id: str
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.arena_bytes < 1 << 20:
+            raise ValueError("the prompt arena needs at least 1 MiB")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_args(argv: list[str] | None = None) -> TokenizerConfig:
+    parser = argparse.ArgumentParser(prog="python -m services.tokenizer", description=__doc__)
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("TANDEM_MODEL", registry.DEFAULT_MODEL),
+        help="model name or path (its tokenizer and chat template are used)",
+    )
+    parser.add_argument("--tokenizer", help="a tokenizer name or path instead of the model's")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--scheduler", default="127.0.0.1:50052", help="the scheduler's address")
+    parser.add_argument(
+        "--transport",
+        choices=["shm", "grpc"],
+        default="shm",
+        help="prompts and events through shared memory, or all over gRPC",
+    )
+    parser.add_argument("--arena-mb", type=int, default=64, help="shared memory for prompts")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser(),
+    )
+    args = parser.parse_args(argv)
+    model_path = registry.resolve(args.model, args.home)
+    tokenizer_path = registry.resolve(args.tokenizer, args.home) if args.tokenizer else model_path
+    return TokenizerConfig(
+        model_path=model_path,
+        model_name=args.model,
+        tokenizer_path=tokenizer_path,
+        host=args.host,
+        port=args.port,
+        scheduler=args.scheduler,
+        shared_memory=args.transport == "shm",
+        arena_bytes=args.arena_mb << 20,
+        tokenizer_id=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    )
+
+
+async def serve(config: TokenizerConfig) -> int:
+    from grpc import aio
+
+    from engine.tokenizer import load_tokenizer
+    from services.tokenizer.events import EventRouter
+    from services.tokenizer.service import GenerationServicer
+    from shm.arena import Arena
+    from tandem.internal.v1 import scheduler_pb2_grpc
+
+    stop = stop_event_on_signals()
+    tokenizer = load_tokenizer(config.tokenizer_path)
+    arena = Arena.create(config.arena_bytes) if config.shared_memory else None
+    channel = aio.insecure_channel(
+        config.scheduler,
+        options=[
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ],
+    )
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    router = EventRouter(stub, config.tokenizer_id, arena)
+    servicer = GenerationServicer(tokenizer, config.model_name, stub, router, arena)
+    service = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+    server = await start_server(
+        config.address,
+        lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
+        [service],
+        serving=False,
+        reuse_port=True,  # several tokenizer processes may share the public port
+    )
+    log.info(
+        "tokenizer %s on port %d, attaching to the scheduler at %s",
+        config.tokenizer_id,
+        server.port,
+        config.scheduler,
+    )
+    await router.start()
+    await server.set_serving(True)
+    await stop.wait()
+    log.info("draining")
+    await server.set_serving(False)
+    await server.stop(grace=10.0)
+    await router.stop()
+    await channel.close()
+    if arena is not None:
+        arena.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging("tokenizer")
+    try:
+        config = parse_args(argv)
+    except (EngineError, ValueError) as err:
+        print(f"tokenizer: error: {err}", file=sys.stderr)
+        return 2
+    return run(lambda: serve(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

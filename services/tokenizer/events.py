@@ -1,0 +1,127 @@
+"""Token events from the scheduler, fanned out to the requests of this tokenizer process.
+
+The scheduler sends one `EventBatch` per step on this process's ring (or over a gRPC stream);
+each request's `Generate` call awaits its own queue. A request's prompt region in the arena is
+freed when the scheduler reports it finished — never earlier, since the worker may still read
+it — or when the scheduler is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from shm.arena import Arena
+from shm.consumer import RingConsumer
+from shm.errors import PeerGone, ShmError
+from shm.handle import Handle
+from tandem.internal.v1 import hotpath_pb2 as hp
+from tandem.internal.v1 import scheduler_pb2 as spb
+from tandem.internal.v1 import scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_GONE = "UNAVAILABLE: the scheduler went away; the request was lost"
+
+
+class EventRouter:
+    def __init__(
+        self, stub: scheduler_pb2_grpc.SchedulerStub, tokenizer_id: str, arena: Arena | None
+    ) -> None:
+        self.stub = stub
+        self.tokenizer_id = tokenizer_id
+        self.arena = arena
+        self.queues: dict[str, asyncio.Queue[hp.RequestEvents]] = {}
+        self.prompts: dict[str, Handle] = {}
+        self.model: hp.ModelDescription | None = None
+        self.max_queued_requests = 0
+        self.waiting = 0  # the scheduler's queue depth, as of its last batch
+        self.attached = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._attach()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def open(self, request_id: str, prompt: Handle | None) -> asyncio.Queue[hp.RequestEvents]:
+        queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()
+        self.queues[request_id] = queue
+        if prompt is not None:
+            self.prompts[request_id] = prompt
+        return queue
+
+    def close(self, request_id: str) -> None:
+        """The caller stops listening; the prompt stays until the scheduler finishes the request."""
+        self.queues.pop(request_id, None)
+
+    def abandon(self, request_id: str) -> None:
+        """The request never reached the scheduler: nothing else will free its prompt."""
+        self.close(request_id)
+        self._free_prompt(request_id)
+
+    async def _attach(self) -> None:
+        self.attached.clear()
+        reply = await self.stub.Attach(
+            spb.AttachRequest(tokenizer_id=self.tokenizer_id, shared_memory=self.arena is not None),
+            wait_for_ready=True,
+        )
+        self.model = reply.model
+        self.max_queued_requests = reply.max_queued_requests
+        self._ring = RingConsumer.attach(reply.events_ring) if reply.events_ring else None
+        self.attached.set()
+        log.info("attached to the scheduler (events on %s)", reply.events_ring or "gRPC")
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._consume()
+            except (PeerGone, ShmError, grpc.RpcError) as err:
+                log.error("lost the scheduler (%s); failing in-flight requests", err)
+            self._fail_all()
+            await self._attach()
+
+    async def _consume(self) -> None:
+        if self._ring is not None:
+            ring = self._ring
+            try:
+                while True:
+                    self.dispatch(hp.EventBatch.FromString(await ring.get_async()))
+            finally:
+                ring.close()
+        else:
+            stream = self.stub.StreamEvents(spb.StreamEventsRequest(tokenizer_id=self.tokenizer_id))
+            async for batch in stream:
+                self.dispatch(batch)
+            raise PeerGone("the scheduler ended the event stream")
+
+    def dispatch(self, batch: hp.EventBatch) -> None:
+        self.waiting = batch.waiting
+        for events in batch.requests:
+            queue = self.queues.get(events.request_id)
+            if queue is not None:
+                queue.put_nowait(events)
+            if events.finish_reason:
+                self._free_prompt(events.request_id)
+
+    def _fail_all(self) -> None:
+        for request_id, queue in list(self.queues.items()):
+            queue.put_nowait(
+                hp.RequestEvents(request_id=request_id, finish_reason="error", error=SCHEDULER_GONE)
+            )
+        for request_id in list(self.prompts):
+            self._free_prompt(request_id)
+
+    def _free_prompt(self, request_id: str) -> None:
+        handle = self.prompts.pop(request_id, None)
+        if handle is not None and self.arena is not None:
+            try:
+                self.arena.free(handle)
+            except ShmError as err:
+                log.warning("freeing the prompt of %s: %s", request_id, err)

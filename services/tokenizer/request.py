@@ -1,0 +1,148 @@
+"""A Generate request, validated field by field before any tokenizing, as a plain dataclass."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequest
+from engine.sampling import MAX_LOGPROBS, SamplingParams
+from tandem.v1 import generation_pb2 as pb
+
+DEFAULT_MAX_TOKENS = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+# A prompt's text can hardly carry fewer than this many characters per token; longer text
+# could never fit the context, so it is refused before the tokenizer spends time on it.
+MAX_CHARS_PER_TOKEN = 64
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    request_id: str
+    text: str | None
+    messages: list[dict[str, str]] | None
+    prompt_ids: list[int] | None
+    sampling: SamplingParams
+    max_tokens: int | None  # None: DEFAULT_MAX_TOKENS, within the context
+    stop_strings: tuple[str, ...]
+    stop_token_ids: frozenset[int]
+    ignore_eos: bool
+    priority: int
+    session_id: str | None
+
+
+def _sampling(req: pb.GenerateRequest) -> SamplingParams:
+    s = req.sampling
+
+    def get(name: str, default: float) -> float:
+        value = getattr(s, name) if s.HasField(name) else default
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"sampling.{name}", f"must be a finite number, got {value}")
+        return value
+
+    try:
+        return SamplingParams(
+            temperature=get("temperature", 1.0),
+            top_p=get("top_p", 1.0),
+            top_k=int(get("top_k", 0)),
+            min_p=get("min_p", 0.0),
+            repetition_penalty=get("repetition_penalty", 1.0),
+            presence_penalty=get("presence_penalty", 0.0),
+            frequency_penalty=get("frequency_penalty", 0.0),
+            seed=s.seed if s.HasField("seed") else None,
+            logprobs=req.logprobs,
+        )
+    except InvalidRequest as err:
+        field = "logprobs" if err.field == "logprobs" else f"sampling.{err.field}"
+        raise InvalidRequest(field, str(err).split(": ", 1)[1]) from None
+
+
+def parse_generate(
+    req: pb.GenerateRequest, model_name: str, vocab_size: int, max_seq_len: int
+) -> GenerateSpec:
+    """Check every field that can be checked without tokenizing; raise InvalidRequest naming it."""
+    if req.model and req.model != model_name:
+        raise InvalidRequest(
+            "model", f"unknown model {req.model!r}; this server serves {model_name!r}"
+        )
+    kind = req.WhichOneof("prompt")
+    text = messages = prompt_ids = None
+    max_chars = max_seq_len * MAX_CHARS_PER_TOKEN
+    if kind is None:
+        raise InvalidRequest("prompt", "is empty: set text, chat or token_ids")
+    if kind == "text":
+        if not req.text:
+            raise InvalidRequest("prompt.text", "is empty")
+        if len(req.text) > max_chars:
+            raise InvalidRequest(
+                "prompt.text", f"{len(req.text)} characters cannot fit the context"
+            )
+        text = req.text
+    elif kind == "chat":
+        messages = _messages(req.chat, max_chars)
+    else:
+        prompt_ids = list(req.token_ids.ids)
+        if not prompt_ids:
+            raise InvalidRequest("prompt.token_ids", "is empty")
+        bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidRequest("prompt.token_ids", f"ids {bad[:5]} are outside [0, {vocab_size})")
+        if len(prompt_ids) >= max_seq_len:
+            raise InvalidRequest(
+                "prompt.token_ids",
+                f"{len(prompt_ids)} tokens do not fit the context of {max_seq_len}",
+            )
+    max_tokens = None
+    if req.HasField("max_tokens"):
+        if req.max_tokens <= 0:
+            raise InvalidRequest("max_tokens", f"must be positive, got {req.max_tokens}")
+        if req.max_tokens >= max_seq_len:
+            raise InvalidRequest(
+                "max_tokens", f"{req.max_tokens} is beyond the model's context of {max_seq_len}"
+            )
+        max_tokens = req.max_tokens
+    if not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise InvalidRequest("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {req.logprobs}")
+    if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in req.stop):
+        raise InvalidRequest(
+            "stop", f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_LENGTH} characters"
+        )
+    bad_stops = [t for t in req.stop_token_ids if not 0 <= t < vocab_size]
+    if bad_stops:
+        raise InvalidRequest("stop_token_ids", f"ids {bad_stops[:5]} are outside [0, {vocab_size})")
+    if len(req.request_id) > 128 or len(req.session_id) > 128:
+        raise InvalidRequest("request_id", "request_id and session_id are at most 128 characters")
+    return GenerateSpec(
+        request_id=req.request_id or uuid.uuid4().hex,
+        text=text,
+        messages=messages,
+        prompt_ids=prompt_ids,
+        sampling=_sampling(req),
+        max_tokens=max_tokens,
+        stop_strings=tuple(s for s in req.stop if s),
+        stop_token_ids=frozenset(req.stop_token_ids),
+        ignore_eos=req.ignore_eos,
+        priority=req.priority,
+        session_id=req.session_id or None,
+    )
+
+
+def _messages(chat: pb.ChatMessages, max_chars: int) -> list[dict[str, str]]:
+    if not chat.messages:
+        raise InvalidRequest("prompt.chat", "has no messages")
+    total = 0
+    out = []
+    for i, message in enumerate(chat.messages):
+        if message.role not in ROLES:
+            raise InvalidRequest(
+                f"prompt.chat.messages[{i}].role",
+                f"{message.role!r} is not one of {', '.join(ROLES)}",
+            )
+        total += len(message.content)
+        out.append({"role": message.role, "content": message.content})
+    if total > max_chars:
+        raise InvalidRequest("prompt.chat", f"{total} characters cannot fit the context")
+    return out

@@ -1,0 +1,222 @@
+"""The public `tandem.v1.Generation` servicer: validate, tokenize, submit, stream text back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+from grpc import aio
+
+from engine.errors import InvalidRequest
+from engine.tokenizer import Tokenizer
+from services.convert import sampling_to_pb
+from services.errors import ResourceExhausted, ServiceError, Unavailable
+from services.tokenizer.events import EventRouter
+from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
+from services.tokenizer.stream import TextStream
+from shm.arena import Arena
+from shm.errors import ArenaFull
+from shm.handle import Handle
+from tandem.internal.v1 import scheduler_pb2 as spb
+from tandem.internal.v1 import scheduler_pb2_grpc
+from tandem.v1 import generation_pb2 as pb
+from tandem.v1 import generation_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Prompts longer than this many characters are tokenized off the event loop.
+_INLINE_TOKENIZE_CHARS = 4096
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        model_name: str,
+        stub: scheduler_pb2_grpc.SchedulerStub,
+        router: EventRouter,
+        arena: Arena | None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.stub = stub
+        self.router = router
+        self.arena = arena
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def max_seq_len(self) -> int:
+        model = self.router.model
+        return model.max_seq_len if model is not None else 0
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        if not self.router.attached.is_set():
+            raise Unavailable("the scheduler is (re)starting; try again shortly")
+        spec = parse_generate(request, self.model_name, self.tokenizer.vocab_size, self.max_seq_len)
+        limit = self.router.max_queued_requests
+        if limit and self.router.waiting >= limit:
+            raise ResourceExhausted(f"{self.router.waiting} requests are already waiting")
+        prompt_ids = await self._tokenize(spec)
+        max_tokens = self._max_tokens(spec, len(prompt_ids))
+        stop_ids = spec.stop_token_ids | (
+            frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
+        )
+        handle = self._store(prompt_ids)
+        queue = self.router.open(spec.request_id, handle)
+        submitted = finished = False
+        try:
+            await self._submit(spec, prompt_ids, handle, max_tokens, stop_ids, context)
+            submitted = True
+            yield pb.GenerateResponse(request_id=spec.request_id, prompt_token_ids=prompt_ids)
+            stream = TextStream(
+                self.tokenizer, spec.request_id, spec.stop_strings, stop_ids, spec.sampling.logprobs
+            )
+            while not finished:
+                reply = stream.on_events(await queue.get())
+                if reply.finish_reason:
+                    reply.usage.prompt_tokens = len(prompt_ids)
+                    finished = True
+                yield reply
+            if stream.hit_stop_string:
+                finished = False  # the scheduler is still generating: cancel it below
+        finally:
+            if submitted:
+                self.router.close(spec.request_id)
+                if not finished:
+                    # The client went away, or a stop string ended it: stop the work too.
+                    task = asyncio.create_task(self._cancel(spec.request_id))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+            else:
+                self.router.abandon(spec.request_id)
+
+    async def _tokenize(self, spec: GenerateSpec) -> list[int]:
+        if spec.prompt_ids is not None:
+            return spec.prompt_ids
+        tok = self.tokenizer
+        if spec.messages is not None:
+            text = tok.apply_chat_template(spec.messages)
+
+            def encode() -> list[int]:
+                return tok.encode(text, allow_special=True)
+        else:
+            text = spec.text or ""
+
+            def encode() -> list[int]:
+                return tok.encode_prompt(text, allow_special=True)
+
+        ids = await asyncio.to_thread(encode) if len(text) > _INLINE_TOKENIZE_CHARS else encode()
+        if not ids:
+            raise InvalidRequest("prompt", "tokenizes to nothing")
+        if len(ids) >= self.max_seq_len:
+            raise InvalidRequest(
+                "prompt", f"{len(ids)} tokens do not fit the model's context of {self.max_seq_len}"
+            )
+        return ids
+
+    def _max_tokens(self, spec: GenerateSpec, prompt_len: int) -> int:
+        room = self.max_seq_len - prompt_len
+        if spec.max_tokens is None:
+            return min(DEFAULT_MAX_TOKENS, room)
+        if spec.max_tokens > room:
+            raise InvalidRequest(
+                "max_tokens",
+                f"{prompt_len} prompt tokens + {spec.max_tokens} exceed the model's context of "
+                f"{self.max_seq_len}; ask for at most {room}",
+            )
+        return spec.max_tokens
+
+    def _store(self, prompt_ids: list[int]) -> Handle | None:
+        if self.arena is None:
+            return None
+        try:
+            return self.arena.put(np.asarray(prompt_ids, dtype=np.int32))
+        except ArenaFull as err:
+            raise ResourceExhausted(f"the prompt arena is full: {err}") from err
+
+    async def _submit(
+        self,
+        spec: GenerateSpec,
+        prompt_ids: list[int],
+        handle: Handle | None,
+        max_tokens: int,
+        stop_ids: frozenset[int],
+        context: aio.ServicerContext,
+    ) -> None:
+        remaining = context.time_remaining()
+        submit = spb.SubmitRequest(
+            request_id=spec.request_id,
+            tokenizer_id=self.router.tokenizer_id,
+            prompt_len=len(prompt_ids),
+            sampling=sampling_to_pb(spec.sampling),
+            max_tokens=max_tokens,
+            stop_token_ids=sorted(stop_ids),
+            priority=spec.priority,
+            session_id=spec.session_id or "",
+            timeout_s=remaining if remaining is not None else 0.0,
+        )
+        if handle is not None:
+            submit.prompt_handle = handle.to_bytes()
+        else:
+            submit.prompt_ids.ids.extend(prompt_ids)
+        try:
+            await self.stub.Submit(submit)
+        except aio.AioRpcError as err:
+            raise ServiceError(err.details() or err.code().name, code=err.code()) from None
+
+    async def _cancel(self, request_id: str) -> None:
+        try:
+            await self.stub.Cancel(spb.CancelRequest(request_id=request_id))
+        except aio.AioRpcError as err:
+            log.warning("cancelling %s: %s", request_id, err.code().name)
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        self._check_model(request.model)
+        if request.WhichOneof("input") == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+            ids = self.tokenizer.encode(
+                self.tokenizer.apply_chat_template(messages), allow_special=True
+            )
+        else:
+            ids = self.tokenizer.encode_prompt(request.text, allow_special=True)
+        return pb.TokenizeResponse(token_ids=ids)
+
+    async def Detokenize(
+        self, request: pb.DetokenizeRequest, context: aio.ServicerContext
+    ) -> pb.DetokenizeResponse:
+        self._check_model(request.model)
+        text = self.tokenizer.decode(
+            list(request.token_ids), skip_special=request.skip_special_tokens
+        )
+        return pb.DetokenizeResponse(text=text)
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        model = self.router.model
+        if model is None:
+            raise Unavailable("the scheduler is (re)starting")
+        return pb.ListModelsResponse(
+            models=[
+                pb.ModelInfo(
+                    name=self.model_name,
+                    context_length=model.max_seq_len,
+                    vocab_size=model.vocab_size,
+                    weight_format=model.weight_format,
+                    device=model.device,
+                    dtype=model.dtype,
+                )
+            ]
+        )
+
+    def _check_model(self, name: str) -> None:
+        if name and name != self.model_name:
+            raise InvalidRequest(
+                "model", f"unknown model {name!r}; this server serves {self.model_name!r}"
+            )

@@ -1,0 +1,93 @@
+"""One request's token events → its GenerateResponse messages: text deltas, logprobs, the end."""
+
+from __future__ import annotations
+
+import grpc
+
+from engine.stop_strings import StopStringMatcher
+from engine.tokenizer import Detokenizer, Tokenizer
+from services.errors import ServiceError
+from tandem.internal.v1 import hotpath_pb2 as hp
+from tandem.v1 import generation_pb2 as pb
+
+_STATUS_OF_REASON = {
+    "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "cancelled": grpc.StatusCode.CANCELLED,
+}
+
+
+class TextStream:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        request_id: str,
+        stop_strings: tuple[str, ...],
+        stop_token_ids: frozenset[int],
+        logprobs: int,
+    ) -> None:
+        self.request_id = request_id
+        self.detok = Detokenizer(tokenizer, skip_special=True)
+        self.stops = StopStringMatcher(stop_strings)
+        self.stop_token_ids = stop_token_ids
+        self.logprobs = logprobs
+        self.num_tokens = 0
+        self.cached_prompt_tokens = 0
+
+    @property
+    def hit_stop_string(self) -> bool:
+        return self.stops.stopped
+
+    def on_events(self, events: hp.RequestEvents) -> pb.GenerateResponse:
+        """The message for this step's tokens; also the last one if `events` ends the request."""
+        reply = pb.GenerateResponse(request_id=self.request_id)
+        if events.cached_prompt_tokens:
+            self.cached_prompt_tokens = events.cached_prompt_tokens
+        n = self.logprobs
+        text = []
+        for i, token_id in enumerate(events.token_ids):
+            if self.stops.stopped:
+                break
+            self.num_tokens += 1
+            reply.token_ids.append(token_id)
+            if n:
+                top = [
+                    pb.TokenLogprob(token_id=t, logprob=lp)
+                    for t, lp in zip(
+                        events.top_ids[i * n : (i + 1) * n],
+                        events.top_logprobs[i * n : (i + 1) * n],
+                        strict=True,
+                    )
+                ]
+                reply.logprobs.append(
+                    pb.GeneratedToken(
+                        token_id=token_id, logprob=events.logprobs[i], top_logprobs=top
+                    )
+                )
+            if token_id not in self.stop_token_ids:  # an end-of-sequence token has no text
+                text.append(self.stops.feed(self.detok.feed(token_id)))
+        if self.stops.stopped:
+            reply.finish_reason = "stop"
+        elif events.finish_reason in ("stop", "length"):
+            text.append(self.stops.feed(self.detok.flush()) + self.stops.flush())
+            reply.finish_reason = events.finish_reason
+        elif events.finish_reason:
+            raise ended_abnormally(events)
+        reply.text = "".join(text)
+        if reply.finish_reason:
+            reply.usage.completion_tokens = self.num_tokens
+            reply.usage.cached_prompt_tokens = self.cached_prompt_tokens
+        return reply
+
+
+def ended_abnormally(events: hp.RequestEvents) -> ServiceError:
+    """The status a request ends with when the scheduler finished it for cause."""
+    code = _STATUS_OF_REASON.get(events.finish_reason)
+    message = events.error or events.finish_reason
+    if code is None:
+        name, _, rest = message.partition(": ")
+        code = getattr(grpc.StatusCode, name, None) if name.isupper() else None
+        if code is None:
+            code = grpc.StatusCode.INTERNAL
+        else:
+            message = rest
+    return ServiceError(message, code=code)

@@ -1,0 +1,1 @@
+"""The worker process: owns the engine and the KV memory, and runs steps."""

@@ -1,0 +1,96 @@
+"""python -m services.worker: load the model and serve steps to a scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from engine import registry
+from engine.errors import EngineError
+from services.server import run, setup_logging, start_server, stop_event_on_signals
+from services.worker.config import WorkerConfig
+from tandem.internal.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger("tandem.worker")
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerConfig:
+    parser = argparse.ArgumentParser(prog="python -m services.worker", description=__doc__)
+    parser.add_argument("--model", default=os.environ.get("TANDEM_MODEL", registry.DEFAULT_MODEL))
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback default)")
+    parser.add_argument("--port", type=int, default=50053)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--kv-cache-mb", type=int, default=1024, help="KV cache memory (MiB)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser(),
+    )
+    args = parser.parse_args(argv)
+    return WorkerConfig(
+        model_path=registry.resolve(args.model, args.home),
+        model_name=args.model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_bytes=args.kv_cache_mb << 20,
+        block_size=args.block_size,
+    )
+
+
+async def serve(config: WorkerConfig) -> int:
+    from engine.engine import Engine
+    from services.worker.service import WorkerServicer
+    from shm.reader import Reader
+
+    stop = stop_event_on_signals()
+    engine = Engine.from_path(
+        config.model_path,
+        config.device,
+        config.dtype,
+        config.kv_cache_bytes,
+        config.block_size,
+        progress=False,
+    )
+    reader = Reader()
+    servicer = WorkerServicer(engine, config.model_name, reader)
+    service = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+    server = await start_server(
+        config.address,
+        lambda s: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, s),
+        [service],
+    )
+    log.info(
+        "worker serving %s on port %d (%d KV blocks of %d)",
+        config.model_name,
+        server.port,
+        engine.num_kv_blocks,
+        engine.block_size,
+    )
+    await stop.wait()
+    log.info("stopping")
+    await server.set_serving(False)
+    servicer.stop_loop()
+    await server.stop(grace=2.0)
+    reader.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging("worker")
+    try:
+        config = parse_args(argv)
+    except (EngineError, ValueError) as err:
+        print(f"worker: error: {err}", file=sys.stderr)
+        return 2
+    return run(lambda: serve(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

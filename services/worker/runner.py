@@ -1,0 +1,119 @@
+"""Running one step descriptor through the engine: the worker's whole job, without transport."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.batch import SeqInput
+from engine.engine import Engine
+from engine.errors import InvalidRequest
+from engine.sampling import SamplingParams
+from services.convert import sampling_from_pb
+from shm.errors import ShmError
+from shm.handle import Handle
+from shm.reader import Reader
+from tandem.internal.v1 import hotpath_pb2 as hp
+
+
+@dataclass
+class SeqState:
+    prompt: np.ndarray  # (prompt_len,) int32, copied once from a tokenizer's arena
+    sampling: SamplingParams
+    output_ids: list[int]  # generated before a preemption; the engine needs them for penalties
+    started: bool = False
+
+
+class StepRunner:
+    """Keeps per-sequence state (prompt source, sampling) between steps, keyed by seq id."""
+
+    def __init__(self, engine: Engine, reader: Reader) -> None:
+        self.engine = engine
+        self.reader = reader
+        self.seqs: dict[int, SeqState] = {}
+
+    def run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
+        started = time.perf_counter()
+        outcome = hp.StepOutcome(step_id=desc.step_id)
+        for seq_id in desc.finished_seq_ids:
+            self.seqs.pop(seq_id, None)
+        self.engine.release(str(s) for s in desc.finished_seq_ids)
+        failed: list[int] = []
+        for new in desc.new_seqs:
+            try:
+                self.seqs[new.seq_id] = self._admit(new)
+            except (ShmError, InvalidRequest) as err:
+                failed.append(new.seq_id)
+                outcome.error = f"sequence {new.seq_id}: {err}"
+        batch = self._batch(desc, set(failed))
+        try:
+            outputs = self.engine.step(batch)
+        except InvalidRequest as err:
+            # A bad sequence fails the step's sequences, never the worker.
+            outcome.failed_seq_ids.extend([*failed, *(int(s.seq_id) for s in batch)])
+            outcome.error = str(err)
+            return outcome
+        outcome.failed_seq_ids.extend(failed)
+        top_n = max((o_len for o_len in (len(o.top_logprobs) for o in outputs)), default=0)
+        outcome.top_n = top_n
+        for out in outputs:
+            outcome.seq_ids.append(int(out.seq_id))
+            outcome.token_ids.append(out.token_id)
+            outcome.logprobs.append(out.logprob)
+            if top_n:
+                pad = top_n - len(out.top_logprobs)
+                outcome.top_ids.extend([t for t, _ in out.top_logprobs] + [-1] * pad)
+                outcome.top_logprobs.extend([lp for _, lp in out.top_logprobs] + [0.0] * pad)
+        outcome.forward_s = time.perf_counter() - started
+        return outcome
+
+    def _admit(self, new: hp.NewSequence) -> SeqState:
+        if new.prompt_handle:
+            # A copy, checked against the region's generation after copying: the tokenizer may
+            # free the prompt once the request ends, whatever step is still running.
+            prompt = self.reader.copy(Handle.from_bytes(new.prompt_handle))
+        else:
+            prompt = np.asarray(new.prompt_ids, dtype=np.int32)
+        if prompt.ndim != 1 or prompt.shape[0] != new.prompt_len:
+            raise InvalidRequest(
+                "prompt_len", f"prompt holds {prompt.shape} ids, not {new.prompt_len}"
+            )
+        return SeqState(prompt, sampling_from_pb(new.sampling), list(new.output_ids))
+
+    def _batch(self, desc: hp.StepDescriptor, skip: set[int]) -> list[SeqInput]:
+        batch = []
+        inline = desc.inline_tokens
+        blocks = desc.blocks
+        i_tok = i_blk = 0
+        for i, seq_id in enumerate(desc.seq_ids):
+            n, from_prompt, n_blocks = desc.num_tokens[i], desc.from_prompt[i], desc.block_counts[i]
+            start = desc.start_pos[i]
+            n_inline = n - from_prompt
+            token_slice = inline[i_tok : i_tok + n_inline]
+            table = blocks[i_blk : i_blk + n_blocks]
+            i_tok += n_inline
+            i_blk += n_blocks
+            state = self.seqs.get(seq_id)
+            if state is None or seq_id in skip:
+                continue
+            tokens = state.prompt[start : start + from_prompt].tolist() + list(token_slice)
+            prefix = None
+            if not state.started and start and state.sampling.uses_penalties:
+                # The engine tracks penalty history from here on; it needs what came before once.
+                prefix = (state.prompt.tolist() + state.output_ids)[:start]
+            state.started = True
+            batch.append(
+                SeqInput(
+                    seq_id=str(seq_id),
+                    token_ids=tokens,
+                    start_pos=start,
+                    block_table=table,
+                    sampling=state.sampling,
+                    sample=desc.sample[i],
+                    prompt_len=len(state.prompt),
+                    prefix_ids=prefix,
+                )
+            )
+        return batch

@@ -1,0 +1,131 @@
+"""The worker's gRPC servicer and its hot-path loop over shared-memory rings.
+
+Steps arrive on a ring from the scheduler and their outcomes leave on another; a dedicated
+thread blocks on the step ring, so the event loop stays free for control RPCs. `Step` over gRPC
+serves the same records when the scheduler is on another host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from grpc import aio
+
+from engine.engine import Engine
+from services.errors import InvalidArgument, Unavailable
+from services.worker.runner import StepRunner
+from shm.consumer import RingConsumer
+from shm.errors import PeerGone, ShmError
+from shm.producer import RingProducer
+from shm.reader import Reader
+from tandem.internal.v1 import hotpath_pb2 as hp
+from tandem.internal.v1 import worker_pb2 as wpb
+from tandem.internal.v1 import worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RESULT_RING_BYTES = 8 << 20
+# How often the ring thread looks up from an idle ring to see whether it should stop.
+_IDLE_CHECK_S = 0.5
+
+
+class RingLoop(threading.Thread):
+    def __init__(self, runner: StepRunner, lock: threading.Lock, step_ring: str) -> None:
+        super().__init__(name="step-ring", daemon=True)
+        self.runner = runner
+        self.lock = lock
+        self.steps = RingConsumer.attach(step_ring)
+        try:
+            self.results = RingProducer.create(RESULT_RING_BYTES)
+        except BaseException:
+            self.steps.close()
+            raise
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                try:
+                    record = self.steps.get(timeout=_IDLE_CHECK_S)
+                except TimeoutError:
+                    continue
+                received = time.monotonic_ns()
+                desc = hp.StepDescriptor.FromString(record)
+                with self.lock:
+                    outcome = self.runner.run(desc)
+                outcome.received_ns = received
+                outcome.sent_ns = time.monotonic_ns()
+                self.results.put(outcome.SerializeToString())
+        except PeerGone:
+            log.info("scheduler closed the step ring; the worker waits to be attached again")
+        except Exception:
+            log.exception("the step ring loop failed")
+        finally:
+            self.steps.close()
+            self.results.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, engine: Engine, model_name: str, reader: Reader) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.runner = StepRunner(engine, reader)
+        self.lock = threading.Lock()
+        self.loop: RingLoop | None = None
+        self.generation = time.time_ns()
+
+    async def Describe(
+        self, request: wpb.DescribeRequest, context: aio.ServicerContext
+    ) -> hp.ModelDescription:
+        e = self.engine
+        return hp.ModelDescription(
+            name=self.model_name,
+            vocab_size=e.config.vocab_size,
+            max_seq_len=e.config.max_seq_len,
+            num_kv_blocks=e.num_kv_blocks,
+            block_size=e.block_size,
+            device=str(e.device),
+            dtype=str(e.dtype).removeprefix("torch."),
+            weight_format=e.loaded.weight_format,
+            worker_pid=os.getpid(),
+            worker_generation=self.generation,
+        )
+
+    async def Attach(
+        self, request: wpb.WorkerAttachRequest, context: aio.ServicerContext
+    ) -> wpb.WorkerAttachResponse:
+        if not request.step_ring:
+            raise InvalidArgument("step_ring", "is required")
+        self.stop_loop()
+        with self.lock:
+            self.runner.seqs.clear()  # a new scheduler: no sequence carries over
+        try:
+            self.loop = RingLoop(self.runner, self.lock, request.step_ring)
+        except ShmError as err:
+            raise Unavailable(f"cannot attach the scheduler's ring: {err}") from err
+        self.loop.start()
+        log.info("serving steps from %s, results on %s", request.step_ring, self.loop.results.name)
+        return wpb.WorkerAttachResponse(result_ring=self.loop.results.name)
+
+    async def Step(
+        self, request: hp.StepDescriptor, context: aio.ServicerContext
+    ) -> hp.StepOutcome:
+        import asyncio
+
+        def run() -> hp.StepOutcome:
+            with self.lock:
+                return self.runner.run(request)
+
+        return await asyncio.to_thread(run)
+
+    def stop_loop(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop = None
