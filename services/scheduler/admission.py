@@ -111,9 +111,8 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         eff = head.effective_priority(now, cfg.aging_per_s)
         if cfg.isolate_priority_prefill and b.holds_back(head.priority, eff):
             break
-        if len(s.running) >= cfg.max_num_seqs:
-            if _preempt_for(s, b, head, eff, now):
-                continue
+        seats_full = len(s.running) >= cfg.max_num_seqs
+        if seats_full and _victim_for(s, head, eff) is None:
             break
         total = len(head.token_ids)
         # At least the last token is recomputed: the worker needs its logits to sample.
@@ -121,6 +120,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         cached = len(hits) * bs
         remaining = total - cached
         is_long = cfg.enable_chunked_prefill and remaining > threshold
+        # Every reason to pass over the head comes before anyone is preempted for it.
         if is_long and s.num_long_prefills >= cfg.max_long_prefills:
             # Let shorter requests pass instead of blocking the queue behind it.
             skipped.append(waiting.pop())
@@ -133,14 +133,18 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         ):
             s.finish(head, "deadline", now, "could not finish its prompt before the deadline")
             continue
+        if seats_full:
+            _preempt_for(s, b, head, eff, now)
+            continue
         num_new = -(-(cached + chunk) // bs) - len(hits)
         while num_new + blocks.num_unreferenced(hits) > blocks.num_free:
             if not s.sessions.release_lru():
                 break
         if num_new + blocks.num_unreferenced(hits) > blocks.num_free:
-            if _preempt_for(s, b, head, eff, now):
-                continue
-            break
+            if _victim_for(s, head, eff) is None:
+                break
+            _preempt_for(s, b, head, eff, now)
+            continue
         _start(s, b, hits, num_new, chunk, now)
         if is_long:
             head.long_prefill = True
@@ -176,14 +180,21 @@ def _start(
     s.window.close()
 
 
-def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, now: float) -> bool:
-    """Make room for `head` by preempting the lowest-ranked running sequence, if it is of lower
-    priority than `head` and has not aged past it. False if there is no such sequence."""
+def _victim_for(s: Scheduler, head: RequestState, eff: float) -> RequestState | None:
+    """The lowest-ranked running sequence, if it is of lower priority than `head` and has not
+    aged past it: the one to preempt for `head`."""
     if not s.running:
-        return False
+        return None
     victim = s.running[-1]
     if victim.priority >= head.priority or victim.rank >= eff:
-        return False
+        return None
+    return victim
+
+
+def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, now: float) -> None:
+    victim = _victim_for(s, head, eff)
+    if victim is None:
+        return
     for k in range(len(b.reqs) - 1, -1, -1):
         if b.reqs[k] is victim:
             # Already in this step: take its row back out, and its tokens back into the budget.
@@ -198,18 +209,19 @@ def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, n
                 b.num_prefill_tokens -= n
             break
     s.preempt(victim, "priority", now)
-    return True
 
 
-def schedule_deferred(s: Scheduler, b: StepBuilder, deferred: list[RequestState]) -> None:
+def schedule_deferred(
+    s: Scheduler, b: StepBuilder, deferred: list[tuple[RequestState, int]]
+) -> None:
     """Prefill chunks pass 1 held back for a more important prefill that, in the end, did not
     make it into the step. They take only free blocks: this pass preempts no one."""
     cfg, blocks = s.config, s.blocks
     bs = cfg.block_size
-    for req in deferred:
+    for req, preemptions in deferred:
         if b.budget <= 0:
             break
-        if req.status is not Status.RUNNING or b.holds_back(req.priority, req.rank):
+        if req.num_preemptions != preemptions or b.holds_back(req.priority, req.rank):
             continue
         n, total = req.num_computed_tokens, len(req.token_ids)
         chunk = min(total - n, b.budget)

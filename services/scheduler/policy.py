@@ -177,7 +177,7 @@ class Scheduler:
 
     def _schedule_running(
         self, b: admission.StepBuilder, floor: tuple[int, float] | None
-    ) -> list[RequestState]:
+    ) -> list[tuple[RequestState, int]]:
         # The hot loop: one pass over the running batch with locals only. Decodes, nearly every
         # row at steady state, take the short path. Preemption only ever pops the list's tail,
         # which the loop has not reached yet (or is the current request: then the loop ends).
@@ -188,7 +188,9 @@ class Scheduler:
         add_row, add_req, row = b.seqs.append, b.reqs.append, ScheduledSeq
         budget = b.budget
         num_decode = 0
-        deferred: list[RequestState] = []
+        # Held-back prefills, with their preemption count: one preempted (and maybe re-admitted)
+        # by the admission pass is not theirs to schedule any more.
+        deferred: list[tuple[RequestState, int]] = []
         for req in self.running:
             if budget <= 0:
                 break
@@ -207,7 +209,7 @@ class Scheduler:
                 num_decode += 1
                 continue
             if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
-                deferred.append(req)
+                deferred.append((req, req.num_preemptions))
                 continue
             chunk = (
                 min(total - n, budget, threshold) if req.long_prefill else min(total - n, budget)
@@ -307,6 +309,7 @@ class Scheduler:
         self.events.append(Preempted(req.request_id, events_time, req.num_computed_tokens, cause))
         self._drop_blocks(req)
         req.status = Status.PREEMPTED
+        req.num_preemptions += 1
         req.enqueue_time = now
         self.waiting.push(req)
         self.deadlines.add(req)

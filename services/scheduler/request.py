@@ -52,6 +52,7 @@ class RequestState:
         "long_prefill",
         "max_tokens",
         "num_computed_tokens",
+        "num_preemptions",
         "num_prompt_tokens",
         "num_registered_blocks",
         "order",
@@ -110,6 +111,7 @@ class RequestState:
         self.rank = float(self.priority)
         self.known_to_worker = False
         self.long_prefill = False
+        self.num_preemptions = 0
 
     @property
     def num_output_tokens(self) -> int:

@@ -149,3 +149,23 @@ def test_without_aging_low_priority_starves_until_the_high_load_ends() -> None:
     wait, highs = run_low_under_high_load(aging_per_s=0.0)
     assert all(admit < 0.0015 + wait for _, admit in highs)
     assert wait > 2.0
+
+
+def test_no_one_is_preempted_for_a_request_that_is_passed_over_anyway() -> None:
+    # The batch is full of low-priority prefills and the waiting high-priority prompt is long
+    # while another long prefill runs: it is skipped, so nobody makes room for it.
+    rig = create_rig(
+        max_num_seqs=2,
+        max_num_batched_tokens=12,
+        long_prefill_token_threshold=8,
+        max_long_prefills=1,
+    )
+    rig.add(*create_requests(1, id_prefix="long", prompt_len=40, max_tokens=2))
+    rig.add(*create_requests(1, id_prefix="mid", prompt_len=8, max_tokens=2))
+    plan, _ = rig.step()
+    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("long0", 8), ("mid0", 4)]
+    rig.add(*create_requests(1, id_prefix="high", prompt_len=40, max_tokens=2, priority=1))
+    plan, events = rig.step()
+    assert of_type(events, Preempted) == []
+    assert [s.request_id for s in plan.seqs] == ["long0", "mid0"]
+    rig.run()
