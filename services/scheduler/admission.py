@@ -121,7 +121,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         remaining = total - cached
         is_long = cfg.enable_chunked_prefill and remaining > threshold
         # Every reason to pass over the head comes before anyone is preempted for it.
-        if is_long and s.num_long_prefills >= cfg.max_long_prefills:
+        if is_long and s.long_prefills_from(head.priority) >= cfg.max_long_prefills:
             # Let shorter requests pass instead of blocking the queue behind it.
             skipped.append(waiting.pop())
             continue
@@ -147,8 +147,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
             continue
         _start(s, b, hits, num_new, chunk, now)
         if is_long:
-            head.long_prefill = True
-            s.num_long_prefills += 1
+            s.start_long_prefill(head)
     for req in skipped:
         waiting.push(req)
 
@@ -236,5 +235,4 @@ def schedule_deferred(
             req.set_blocks(req.block_ids + blocks.allocate(need))
         b.add_prefill(req, n, n + chunk)
         if n + chunk == total and req.long_prefill:
-            req.long_prefill = False
-            s.num_long_prefills -= 1
+            s.end_long_prefill(req)

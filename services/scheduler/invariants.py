@@ -57,8 +57,13 @@ def _request_problems(s: Scheduler) -> list[str]:
     long_prefills = sum(1 for r in s.running if r.long_prefill)
     if long_prefills != s.num_long_prefills:
         out.append(f"long prefill count {s.num_long_prefills} != {long_prefills}")
-    if long_prefills > s.config.max_long_prefills:
-        out.append(f"{long_prefills} long prefills > max_long_prefills")
+    by_priority = Counter(r.priority for r in s.running if r.long_prefill)
+    if by_priority != s.long_prefills:
+        out.append(f"long prefills by priority {dict(s.long_prefills)} != {dict(by_priority)}")
+    for p, n in by_priority.items():
+        # Admission counts those at and above a level, so each level alone stays within it.
+        if n > s.config.max_long_prefills:
+            out.append(f"{n} long prefills at priority {p} > max_long_prefills")
     return out
 
 

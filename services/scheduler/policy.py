@@ -68,7 +68,9 @@ class Scheduler:
         self._flight_reqs: list[RequestState] = []
         self._plan_time = 0.0
         self.step_s_ewma = 0.0
-        self.num_long_prefills = 0
+        # Running long prefills by priority: the cap applies among equals and above, so a long
+        # low-priority prompt never holds back a long high-priority one.
+        self.long_prefills: Counter[int] = Counter()
         self.num_preempted_waiting = 0
         self._next_order = 0
         self._next_step = 0
@@ -132,7 +134,7 @@ class Scheduler:
         self.forget.clear()
         self.in_flight = None
         self._flight_reqs = []
-        self.num_long_prefills = 0
+        self.long_prefills.clear()
         self.num_preempted_waiting = 0
         return self.drain_events()
 
@@ -230,8 +232,7 @@ class Scheduler:
             b.num_prefill_tokens += chunk
             b.note_prefill(req.priority, req.rank)
             if sample and req.long_prefill:
-                req.long_prefill = False
-                self.num_long_prefills -= 1
+                self.end_long_prefill(req)
         b.budget = budget
         b.num_decode_tokens += num_decode
         return deferred
@@ -316,6 +317,24 @@ class Scheduler:
         self.num_preempted_waiting += 1
         self.num_preemptions += 1
 
+    @property
+    def num_long_prefills(self) -> int:
+        return sum(self.long_prefills.values())
+
+    def long_prefills_from(self, priority: int) -> int:
+        """Running long prefills of this priority or higher."""
+        return sum(n for p, n in self.long_prefills.items() if p >= priority)
+
+    def start_long_prefill(self, req: RequestState) -> None:
+        req.long_prefill = True
+        self.long_prefills[req.priority] += 1
+
+    def end_long_prefill(self, req: RequestState) -> None:
+        req.long_prefill = False
+        self.long_prefills[req.priority] -= 1
+        if not self.long_prefills[req.priority]:
+            del self.long_prefills[req.priority]
+
     def start_running(self, req: RequestState) -> None:
         req.status = Status.RUNNING
         bisect.insort(self.running, req, key=_rank_key)
@@ -353,8 +372,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_registered_blocks = 0
         if req.long_prefill:
-            req.long_prefill = False
-            self.num_long_prefills -= 1
+            self.end_long_prefill(req)
         if req.known_to_worker:
             req.known_to_worker = False
             self.forget.append(req.request_id)

@@ -152,20 +152,39 @@ def test_without_aging_low_priority_starves_until_the_high_load_ends() -> None:
 
 
 def test_no_one_is_preempted_for_a_request_that_is_passed_over_anyway() -> None:
-    # The batch is full of low-priority prefills and the waiting high-priority prompt is long
-    # while another long prefill runs: it is skipped, so nobody makes room for it.
+    # The batch is full, and the waiting high-priority prompt is long while a long prefill of
+    # the same priority runs: it is skipped, so nobody makes room for it.
     rig = create_rig(
         max_num_seqs=2,
         max_num_batched_tokens=12,
         long_prefill_token_threshold=8,
         max_long_prefills=1,
     )
-    rig.add(*create_requests(1, id_prefix="long", prompt_len=40, max_tokens=2))
-    rig.add(*create_requests(1, id_prefix="mid", prompt_len=8, max_tokens=2))
+    rig.add(*create_requests(1, id_prefix="dec", prompt_len=4, max_tokens=20))
+    rig.step()
+    rig.add(*create_requests(1, id_prefix="long", prompt_len=40, max_tokens=2, priority=1))
     plan, _ = rig.step()
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("long0", 8), ("mid0", 4)]
+    # Running sequences first, then the newly admitted one; from now on, in rank order.
+    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
     rig.add(*create_requests(1, id_prefix="high", prompt_len=40, max_tokens=2, priority=1))
     plan, events = rig.step()
     assert of_type(events, Preempted) == []
-    assert [s.request_id for s in plan.seqs] == ["long0", "mid0"]
+    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("long0", 8), ("dec0", 1)]
+    rig.run()
+
+
+def test_a_long_low_priority_prefill_does_not_hold_back_a_long_high_priority_one() -> None:
+    rig = create_rig(max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    rig.add(*create_requests(1, id_prefix="low", prompt_len=40, max_tokens=2))
+    rig.step()
+    rig.add(*create_requests(1, id_prefix="high", prompt_len=40, max_tokens=2, priority=1))
+    plan, events = rig.step()
+    assert [e.request_id for e in of_type(events, Scheduled)] == ["high0"]
+    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("high0", 8)]
+    assert dict(rig.scheduler.long_prefills) == {0: 1, 1: 1}
+    # Another long one at the low level still waits for the first.
+    rig.add(*create_requests(1, id_prefix="low2", prompt_len=40, max_tokens=2))
+    for _ in range(3):
+        _, events = rig.step()
+        assert "low2" not in [e.request_id for e in of_type(events, Scheduled)]
     rig.run()
