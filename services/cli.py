@@ -14,7 +14,12 @@ from pathlib import Path
 from engine.errors import EngineError
 from shm.errors import ShmError
 
-SUBCOMMAND_MODULES = ("services.cli_models", "services.cli_run", "services.cli_shm")
+SUBCOMMAND_MODULES = (
+    "services.cli_models",
+    "services.cli_run",
+    "services.cli_serve",
+    "services.cli_shm",
+)
 
 USER_ERRORS: tuple[type[Exception], ...] = (EngineError, ShmError)
 

@@ -30,9 +30,10 @@ class ErrorInterceptor(aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None:
-            return handler
         method = details.method
+        # Health and reflection are grpc's own servicers (and stream with context.write).
+        if handler is None or method.startswith("/grpc."):
+            return handler
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary
 

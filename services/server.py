@@ -48,6 +48,7 @@ async def start_server(
     *,
     serving: bool = True,
     reuse_port: bool = False,
+    admin_address: str | None = None,
 ) -> RunningServer:
     """Start a server on `address` ("host:port", port 0 picks one) with health and reflection."""
     server = aio.server(
@@ -66,6 +67,9 @@ async def start_server(
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}")
+    # A port of this process alone, for health checks when several processes share `address`.
+    if admin_address and server.add_insecure_port(admin_address) == 0:
+        raise OSError(f"could not bind {admin_address}")
     await server.start()
     running = RunningServer(server, health, port, service_names)
     await running.set_serving(serving)

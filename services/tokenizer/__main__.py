@@ -26,6 +26,7 @@ class TokenizerConfig:
     tokenizer_path: Path
     host: str
     port: int
+    admin_port: int
     scheduler: str
     shared_memory: bool
     arena_bytes: int
@@ -52,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> TokenizerConfig:
     parser.add_argument("--tokenizer", help="a tokenizer name or path instead of the model's")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=0,
+        help="a port of this process alone (health, metrics) when several share --port",
+    )
     parser.add_argument("--scheduler", default="127.0.0.1:50052", help="the scheduler's address")
     parser.add_argument(
         "--transport",
@@ -74,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> TokenizerConfig:
         tokenizer_path=tokenizer_path,
         host=args.host,
         port=args.port,
+        admin_port=args.admin_port,
         scheduler=args.scheduler,
         shared_memory=args.transport == "shm",
         arena_bytes=args.arena_mb << 20,
@@ -110,6 +118,7 @@ async def serve(config: TokenizerConfig) -> int:
         [service],
         serving=False,
         reuse_port=True,  # several tokenizer processes may share the public port
+        admin_address=f"127.0.0.1:{config.admin_port}" if config.admin_port else None,
     )
     log.info(
         "tokenizer %s on port %d, attaching to the scheduler at %s",

@@ -1,0 +1,204 @@
+"""The launcher: starts worker, scheduler and tokenizers as processes, supervises, stops them.
+
+Start order follows the data flow's dependencies (worker, then scheduler, then tokenizers), each
+awaited until its gRPC health says SERVING; a process that dies while starting fails the launch
+at once. Afterwards a process that exits unexpectedly is restarted (its in-flight requests fail
+with UNAVAILABLE in the processes that outlive it). On SIGINT/SIGTERM the tokenizers drain first,
+then the scheduler and the worker stop, and what they left in /dev/shm is reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shm.reaper import reap
+
+log = logging.getLogger("tandem.launcher")
+
+_PR_SET_PDEATHSIG = 1
+# Crashes closer together than this double the wait before the next restart (up to the cap).
+_RESTART_WINDOW_S = 30.0
+_MAX_RESTART_DELAY_S = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the launcher is killed outright, its children get SIGTERM
+    # instead of living on as orphans holding ports and shared memory.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class ProcessSpec:
+    name: str  # e.g. "worker", "tokenizer-1"
+    module: str  # run as `python -m <module>`
+    args: list[str]
+    health_address: str
+    stop_grace_s: float
+
+
+@dataclass
+class Child:
+    spec: ProcessSpec
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    last_start: float = 0.0
+    delay_s: float = 0.5
+    stopping: bool = False
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class LaunchFailed(Exception):
+    """A process could not be started (it died, or never became healthy)."""
+
+
+class Supervisor:
+    def __init__(self, specs: Sequence[ProcessSpec], env: dict[str, str], ready_timeout_s: float):
+        self.children = [Child(spec) for spec in specs]
+        self.env = env
+        self.ready_timeout_s = ready_timeout_s
+        self.stopping = False
+
+    async def start_all(self) -> None:
+        for child in self.children:
+            await self._start(child)
+            await self._wait_healthy(child)
+        for child in self.children:
+            child.watcher = asyncio.create_task(self._watch(child))
+
+    async def _start(self, child: Child) -> None:
+        child.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            child.spec.module,
+            *child.spec.args,
+            env=self.env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        child.last_start = time.monotonic()
+        log.info("started %s (pid %d)", child.spec.name, child.proc.pid)
+
+    async def _wait_healthy(self, child: Child) -> None:
+        """Until the process reports SERVING; LaunchFailed if it dies or times out first."""
+        proc = child.proc
+        if proc is None:
+            raise LaunchFailed(f"{child.spec.name} was not started")
+        healthy = asyncio.create_task(wait_serving(child.spec.health_address, self.ready_timeout_s))
+        died = asyncio.create_task(proc.wait())
+        done, _ = await asyncio.wait({healthy, died}, return_when=asyncio.FIRST_COMPLETED)
+        if died in done:
+            healthy.cancel()
+            raise LaunchFailed(
+                f"{child.spec.name} exited with code {proc.returncode} while starting"
+            )
+        died.cancel()
+        try:
+            healthy.result()
+        except (TimeoutError, grpc.RpcError) as err:
+            raise LaunchFailed(f"{child.spec.name} did not become healthy: {err}") from err
+
+    async def _watch(self, child: Child) -> None:
+        while not (self.stopping or child.stopping):
+            proc = child.proc
+            if proc is None:
+                return
+            code = await proc.wait()
+            if self.stopping or child.stopping:
+                return
+            quick = time.monotonic() - child.last_start < _RESTART_WINDOW_S
+            child.delay_s = min(child.delay_s * 2, _MAX_RESTART_DELAY_S) if quick else 0.5
+            child.restarts += 1
+            log.warning(
+                "%s exited with code %s; restarting in %.1f s (restart %d)",
+                child.spec.name,
+                code,
+                child.delay_s,
+                child.restarts,
+            )
+            # What the dead process owned in /dev/shm (its rings, its arena) is unlinked now.
+            reap()
+            await asyncio.sleep(child.delay_s)
+            if self.stopping:
+                return
+            await self._start(child)
+            try:
+                await self._wait_healthy(child)
+                log.info("%s is back", child.spec.name)
+            except LaunchFailed as err:
+                log.error("%s", err)
+
+    async def stop_all(self) -> None:
+        """Stop in reverse start order, each within its grace period, then reap shared memory."""
+        self.stopping = True
+        for child in reversed(self.children):
+            await self._stop(child)
+        for child in self.children:
+            if child.watcher is not None:
+                child.watcher.cancel()
+        reap()
+
+    async def _stop(self, child: Child) -> None:
+        child.stopping = True
+        proc = child.proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), child.spec.stop_grace_s)
+        except TimeoutError:
+            log.warning(
+                "%s did not stop within %.0f s; killing it",
+                child.spec.name,
+                child.spec.stop_grace_s,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+async def wait_serving(address: str, timeout_s: float) -> None:
+    """Wait until the gRPC health service at `address` reports SERVING (it streams changes)."""
+    async with aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        watch = stub.Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True
+        )
+        try:
+            async for reply in watch:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError(f"{address} not serving after {timeout_s:.0f} s") from None
+            raise
+        finally:
+            watch.cancel()
+        raise TimeoutError(f"{address} stopped answering health checks")
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
