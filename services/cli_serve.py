@@ -8,8 +8,12 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from engine import registry
+
+if TYPE_CHECKING:
+    from services.launcher import ProcessSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-def _specs(args: argparse.Namespace) -> list:  # type: ignore[type-arg]
+def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
     from services.launcher import ProcessSpec, free_port
 
     worker_port = args.worker_port or free_port()
