@@ -20,8 +20,14 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", help="with --chat: a system message before the prompt")
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (256)")
+def add_sampling_args(
+    parser: argparse.ArgumentParser, *, max_tokens: int | None = 256, json_flag: bool = True
+) -> None:
+    """`max_tokens=None` leaves the limit to the server; `json_flag=False` omits `--json`."""
+    limit = "up to 256, within the context" if max_tokens is None else max_tokens
+    parser.add_argument(
+        "--max-tokens", type=int, default=max_tokens, help=f"tokens to generate ({limit})"
+    )
     parser.add_argument(
         "--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens"
     )
@@ -39,9 +45,10 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
         "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
     )
     parser.add_argument("--logprobs", type=int, default=0, help="top-n logprobs per token (JSON)")
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object instead of streaming text"
-    )
+    if json_flag:
+        parser.add_argument(
+            "--json", action="store_true", help="print one JSON object instead of streaming text"
+        )
 
 
 def parse_ids(text: str) -> list[int]:

@@ -1,0 +1,193 @@
+"""`tandem generate` (one generation from a running server) and `tandem chat` (a conversation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from typing import Any
+
+import grpc
+
+from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
+from services.client_sync import Client
+from services.client_types import GenerateOptions, GenerationResult, Message, TandemError
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+EXIT_COMMANDS = ("/exit", "/quit")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="stream one generation from a running server",
+        description="Send one prompt to a tandem server and stream the reply to the terminal.",
+    )
+    _add_server_args(gen)
+    add_prompt_args(gen)
+    add_sampling_args(gen, max_tokens=None)
+    gen.set_defaults(func=_generate)
+
+    chat = sub.add_parser(
+        "chat",
+        help="talk to a running server, turn by turn",
+        description="A multi-turn chat on stdin/stdout: /exit or end of input quits, /reset starts "
+        "over, Ctrl-C during a reply cancels that reply.",
+    )
+    _add_server_args(chat)
+    chat.add_argument("--system", help="a system message that opens the conversation")
+    add_sampling_args(chat, max_tokens=None, json_flag=False)
+    chat.set_defaults(func=_chat)
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=DEFAULT_SERVER,
+        help=f"HOST:PORT of the server (default {DEFAULT_SERVER})",
+    )
+    parser.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    parser.add_argument("--session-id", help="keeps a conversation's KV cached between turns")
+    parser.add_argument("--timeout", type=float, help="seconds before the request is abandoned")
+
+
+def _options(args: argparse.Namespace) -> GenerateOptions:
+    # The engine's own rules check the sampling flags here, before anything is sent.
+    s = sampling_from_args(args)
+    return GenerateOptions(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        seed=s.seed,
+        logprobs=s.logprobs,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+        priority=args.priority,
+        session_id=args.session_id or "",
+        timeout=args.timeout,
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    options = _options(args)
+    if args.chat:
+        options["messages"] = chat_messages(args)
+        prompt = None
+    elif args.prompt is not None:
+        prompt = args.prompt
+    else:
+        options["prompt_ids"] = args.prompt_ids
+        prompt = None
+    with Client(args.server) as client:
+        try:
+            with client.generate(prompt, **options) as generation:
+                for delta in generation:
+                    if not args.json:
+                        sys.stdout.write(delta.text)
+                        sys.stdout.flush()
+                result = generation.result
+        except TandemError as err:
+            _report(args.command, err, client)
+            return 2
+    if args.json:
+        print(json.dumps(_as_json(result, with_logprobs=args.logprobs > 0), ensure_ascii=False))
+    else:
+        trace = f", trace {result.trace_id}" if result.trace_id else ""
+        print(
+            f"\n[{len(result.prompt_token_ids)} prompt + {len(result.token_ids)} generated tokens, "
+            f"finish: {result.finish_reason}, request {result.request_id}{trace}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _as_json(result: GenerationResult, with_logprobs: bool) -> dict[str, Any]:
+    usage = result.usage
+    out: dict[str, Any] = {
+        "prompt_token_ids": result.prompt_token_ids,
+        "token_ids": result.token_ids,
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens if usage else len(result.prompt_token_ids),
+            "completion_tokens": usage.completion_tokens if usage else len(result.token_ids),
+        },
+        "request_id": result.request_id,
+        "trace_id": result.trace_id,
+    }
+    if with_logprobs:
+        out["logprobs"] = [
+            {"token_id": t.token_id, "logprob": t.logprob, "top": [list(p) for p in t.top]}
+            for t in result.logprobs
+        ]
+    return out
+
+
+def _report(command: str, err: TandemError, client: Client) -> bool:
+    """Print the error; True when the server cannot be reached at all."""
+    message = err.message
+    # UNAVAILABLE is also what a live server says while its scheduler restarts: only blame the
+    # address when the channel really cannot connect.
+    unreachable = err.code == grpc.StatusCode.UNAVAILABLE and not client.connected()
+    if unreachable:
+        message = (
+            f"the server is not reachable at {client.address}; start one with `tandem serve` "
+            f"or point --server at it ({err.message})"
+        )
+    print(f"tandem {command}: error: {err.code.name}: {message}", file=sys.stderr)
+    return unreachable
+
+
+def _chat(args: argparse.Namespace) -> int:
+    options = _options(args)
+    options["session_id"] = args.session_id or uuid.uuid4().hex
+    opening: list[Message] = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(opening)
+    interactive = sys.stdin.isatty()
+    with Client(args.server) as client:
+        while True:
+            try:
+                line = input(">>> " if interactive else "")
+            except (EOFError, KeyboardInterrupt):
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text in EXIT_COMMANDS:
+                break
+            if text == "/reset":
+                history = list(opening)
+                options["session_id"] = uuid.uuid4().hex
+                continue
+            messages = [*history, {"role": "user", "content": text}]
+            try:
+                reply = _reply(client, messages, options)
+            except KeyboardInterrupt:
+                # The turn is dropped from the history: the model never finished it.
+                print("\n[reply cancelled]", file=sys.stderr)
+                continue
+            except TandemError as err:
+                if _report(args.command, err, client):
+                    return 2
+                continue
+            history = [*messages, {"role": "assistant", "content": reply}]
+    if interactive:
+        print()
+    return 0
+
+
+def _reply(client: Client, messages: list[Message], options: GenerateOptions) -> str:
+    turn: GenerateOptions = {**options, "messages": messages}
+    with client.generate(**turn) as generation:
+        for delta in generation:
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return generation.result.text

@@ -1,0 +1,216 @@
+"""An async Python client for the public `tandem.v1.Generation` API.
+
+    async with TandemClient("127.0.0.1:50051") as client:
+        await client.wait_ready(timeout=30)
+        async for delta in client.generate("The capital of France is", max_tokens=8):
+            print(delta.text, end="")
+
+`Client` (from `services.client_sync`, re-exported here) is the blocking twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+from typing import Any, Self, Unpack
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.client_sync import Client
+from services.client_types import (
+    MAX_MESSAGE_BYTES,
+    Delta,
+    GenerateOptions,
+    GenerationResult,
+    Message,
+    ModelInfo,
+    TandemError,
+    TokenLogprob,
+    Usage,
+    call_metadata,
+    generate_request,
+    not_ready,
+    tokenize_request,
+)
+from tandem.v1 import generation_pb2 as pb
+from tandem.v1 import generation_pb2_grpc
+
+__all__ = [
+    "Client",
+    "Delta",
+    "GenerateOptions",
+    "Generation",
+    "GenerationResult",
+    "ModelInfo",
+    "TandemClient",
+    "TandemError",
+    "TokenLogprob",
+    "Usage",
+]
+
+
+class Generation:
+    """One streaming Generate call: iterate it for deltas; `result` holds the totals so far.
+
+    Leaving an `async for` early, `aclose()`, leaving `async with`, or cancelling the task that
+    iterates cancels the call, and with it the work on the server.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._done = False
+        self.result = GenerationResult()
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._deltas()
+
+    async def __anext__(self) -> Delta:
+        delta = await self._next()
+        if delta is None:
+            raise StopAsyncIteration
+        return delta
+
+    async def _deltas(self) -> AsyncIterator[Delta]:
+        # A fresh generator per loop: a loop left early drops it at once, and asyncio then closes
+        # it, which runs this `finally` even while the caller still holds the Generation.
+        try:
+            while (delta := await self._next()) is not None:
+                yield delta
+        finally:
+            self.cancel()
+
+    async def _next(self) -> Delta | None:
+        while not self._done:
+            try:
+                msg = await self._call.read()
+            except aio.AioRpcError as err:
+                self._done = True
+                raise TandemError.from_rpc(err) from None
+            if msg is aio.EOF:
+                self._done = True
+                self.result.check_finished()
+                return None
+            delta = self.result.add(msg)
+            if delta is not None:
+                return delta
+        return None
+
+    async def collect(self) -> GenerationResult:
+        async for _ in self:
+            pass
+        return self.result
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._call.cancel()
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class TandemClient:
+    """One channel to a tandem server. Create it inside the event loop that will use it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = aio.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> Generation:
+        """Start a generation (the call begins at once; iterate the result to read it)."""
+        request = generate_request(prompt, **options)
+        call = self._stub.Generate(
+            request, timeout=options.get("timeout"), metadata=call_metadata(options)
+        )
+        return Generation(call)
+
+    async def complete(
+        self, prompt: str | None = None, **options: Unpack[GenerateOptions]
+    ) -> GenerationResult:
+        async with self.generate(prompt, **options) as generation:
+            return await generation.collect()
+
+    async def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> list[int]:
+        reply = await self._unary(
+            self._stub.Tokenize, tokenize_request(text, messages, model), timeout
+        )
+        return list(reply.token_ids)
+
+    async def detokenize(
+        self,
+        token_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = False,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> str:
+        request = pb.DetokenizeRequest(
+            token_ids=token_ids, skip_special_tokens=skip_special_tokens, model=model
+        )
+        reply = await self._unary(self._stub.Detokenize, request, timeout)
+        return str(reply.text)
+
+    async def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        reply = await self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        return [ModelInfo.from_pb(m) for m in reply.models]
+
+    async def wait_ready(self, timeout: float, service: str = "") -> None:
+        """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
+        # Watch, not a loop of Checks: the server pushes each change, and wait_for_ready rides
+        # out a server that is not listening yet.
+        watch = self._health.Watch(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
+        )
+        try:
+            async for reply in watch:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except aio.AioRpcError as err:
+            raise not_ready(err, self.address, timeout) from None
+        finally:
+            watch.cancel()
+        raise TandemError(grpc.StatusCode.UNAVAILABLE, f"{self.address} stopped its health watch")
+
+    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return await method(request, timeout=timeout)
+        except aio.AioRpcError as err:
+            raise TandemError.from_rpc(err) from None

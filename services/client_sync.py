@@ -1,0 +1,200 @@
+"""`Client`: the blocking twin of `TandemClient`, on grpc's sync API.
+
+No event loop and no thread of ours: grpc's own threads come and go with its calls, and
+`close()` (or leaving `with`) closes the one channel.
+
+    with Client("127.0.0.1:50051") as client:
+        print(client.complete("The capital of France is", max_tokens=8).text)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any, Self, Unpack
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.client_types import (
+    MAX_MESSAGE_BYTES,
+    Delta,
+    GenerateOptions,
+    GenerationResult,
+    Message,
+    ModelInfo,
+    TandemError,
+    call_metadata,
+    generate_request,
+    not_ready,
+    tokenize_request,
+)
+from tandem.v1 import generation_pb2 as pb
+from tandem.v1 import generation_pb2_grpc
+
+
+class SyncGeneration:
+    """One streaming Generate call: iterate it for deltas; `result` holds the totals so far.
+
+    Leaving a `for` loop early (or on an exception such as Ctrl-C), `close()` or leaving `with`
+    cancels the call, and with it the work on the server.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._done = False
+        self.result = GenerationResult()
+
+    def __iter__(self) -> Iterator[Delta]:
+        # A fresh generator per loop: CPython closes it the moment a loop drops it, which runs
+        # this `finally` even while the caller still holds the SyncGeneration.
+        try:
+            while (delta := self._next()) is not None:
+                yield delta
+        finally:
+            self.cancel()
+
+    def __next__(self) -> Delta:
+        delta = self._next()
+        if delta is None:
+            raise StopIteration
+        return delta
+
+    def _next(self) -> Delta | None:
+        while not self._done:
+            try:
+                msg = next(self._call)
+            except StopIteration:
+                self._done = True
+                self.result.check_finished()
+                return None
+            except grpc.RpcError as err:
+                self._done = True
+                raise TandemError.from_rpc(err) from None
+            delta = self.result.add(msg)
+            if delta is not None:
+                return delta
+        return None
+
+    def collect(self) -> GenerationResult:
+        for _ in self:
+            pass
+        return self.result
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._call.cancel()
+
+    close = cancel
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class Client:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def generate(
+        self, prompt: str | None = None, **options: Unpack[GenerateOptions]
+    ) -> SyncGeneration:
+        """Start a generation (the call begins at once; iterate the result to read it)."""
+        request = generate_request(prompt, **options)
+        call = self._stub.Generate(
+            request, timeout=options.get("timeout"), metadata=call_metadata(options)
+        )
+        return SyncGeneration(call)
+
+    def complete(
+        self, prompt: str | None = None, **options: Unpack[GenerateOptions]
+    ) -> GenerationResult:
+        with self.generate(prompt, **options) as generation:
+            return generation.collect()
+
+    def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> list[int]:
+        reply = self._unary(self._stub.Tokenize, tokenize_request(text, messages, model), timeout)
+        return list(reply.token_ids)
+
+    def detokenize(
+        self,
+        token_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = False,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> str:
+        request = pb.DetokenizeRequest(
+            token_ids=token_ids, skip_special_tokens=skip_special_tokens, model=model
+        )
+        return str(self._unary(self._stub.Detokenize, request, timeout).text)
+
+    def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        reply = self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        return [ModelInfo.from_pb(m) for m in reply.models]
+
+    def wait_ready(self, timeout: float, service: str = "") -> None:
+        """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
+        watch = self._health.Watch(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
+        )
+        try:
+            for reply in watch:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except grpc.RpcError as err:
+            raise not_ready(err, self.address, timeout) from None
+        finally:
+            watch.cancel()
+        raise TandemError(grpc.StatusCode.UNAVAILABLE, f"{self.address} stopped its health watch")
+
+    def connected(self, timeout: float = 0.25) -> bool:
+        """Whether the channel is (or within `timeout` becomes) connected to the server."""
+        ready = grpc.channel_ready_future(self._channel)
+        try:
+            ready.result(timeout=timeout)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            ready.cancel()
+
+    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as err:
+            raise TandemError.from_rpc(err) from None
