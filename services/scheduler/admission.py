@@ -52,8 +52,10 @@ def validate(request: Request, cfg: SchedulerConfig) -> None:
 class StepBuilder:
     __slots__ = (
         "budget",
+        "floor_priority",
         "num_decode_tokens",
         "num_prefill_tokens",
+        "outranked_decodes",
         "prefill_top",
         "reqs",
         "seqs",
@@ -68,6 +70,11 @@ class StepBuilder:
         self.num_decode_tokens = 0
         # (priority, effective priority) of the most important prefill in the step so far.
         self.prefill_top: tuple[int, float] | None = None
+        # The waiting head's priority when the step began, and how many decodes in the step
+        # are of lower priority: a prefill at that priority is not charged for them, so its
+        # step is about as long as on an idle worker (`isolate_priority_prefill`).
+        self.floor_priority: int | None = None
+        self.outranked_decodes = 0
 
     def note_prefill(self, priority: int, rank: float) -> None:
         if self.prefill_top is None or (priority, rank) > self.prefill_top:
@@ -104,12 +111,18 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         return
     bs, threshold = cfg.block_size, cfg.long_prefill_token_threshold
     skipped: list[RequestState] = []
-    while b.budget > 0:
+    while b.budget > 0 or b.outranked_decodes:
         head = waiting.peek()
         if head is None:
             break
         eff = head.effective_priority(now, cfg.aging_per_s)
         if cfg.isolate_priority_prefill and b.holds_back(head.priority, eff):
+            break
+        bonus = 0
+        if b.floor_priority is not None and head.priority >= b.floor_priority:
+            bonus = b.outranked_decodes
+        budget = b.budget + bonus
+        if budget <= 0:
             break
         seats_full = len(s.running) >= cfg.max_num_seqs
         if seats_full and _victim_for(s, head, eff) is None:
@@ -125,7 +138,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
             # Let shorter requests pass instead of blocking the queue behind it.
             skipped.append(waiting.pop())
             continue
-        chunk = min(remaining, b.budget, threshold) if is_long else min(remaining, b.budget)
+        chunk = min(remaining, budget, threshold) if is_long else min(remaining, budget)
         if chunk < remaining and not cfg.enable_chunked_prefill:
             break
         if head.deadline is not None and (
@@ -146,6 +159,8 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
             _preempt_for(s, b, head, eff, now)
             continue
         _start(s, b, hits, num_new, chunk, now)
+        if bonus:
+            b.outranked_decodes = 0  # the allowance is once per step
         if is_long:
             s.start_long_prefill(head)
     for req in skipped:

@@ -23,8 +23,9 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 512
     max_long_prefills: int = 1
 
-    # A step that prefills a request of priority P adds no prefill tokens of lower priority,
-    # so the high-priority prompt's step stays as short as it would be on an idle system.
+    # A step that prefills a request of priority P adds no prefill tokens of lower priority, and
+    # that prefill is not charged for the lower-priority decodes in the step: the high-priority
+    # prompt's step is about as long as on an idle system (decodes still run every step).
     isolate_priority_prefill: bool = True
 
     enable_prefix_caching: bool = True
@@ -37,8 +38,10 @@ class SchedulerConfig:
     max_waiting_tokens: int = 1 << 22
 
     # Aging: a waiting request gains this many priority levels per second of waiting, so the
-    # worst-case wait of low priority under sustained high-priority load is bounded.
-    aging_per_s: float = 1.0
+    # worst-case wait of low priority under sustained high-priority load is bounded (by about
+    # one level per 20 s by default). Keep 1 / aging_per_s above the queue wait that overload
+    # causes (max_waiting_requests / throughput), or aged requests outrank every newcomer.
+    aging_per_s: float = 0.05
 
     # Micro-batch window (Triton's max_queue_delay): with the worker idle and fewer than
     # `window_max_seqs` requests waiting, admission may wait up to `max_wait_us` for more.

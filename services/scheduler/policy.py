@@ -18,6 +18,7 @@ pool:
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -190,6 +191,11 @@ class Scheduler:
         add_row, add_req, row = b.seqs.append, b.reqs.append, ScheduledSeq
         budget = b.budget
         num_decode = 0
+        # Decodes of lower priority than the waiting head (see StepBuilder.outranked_decodes).
+        floor_priority = floor[0] if floor is not None else None
+        b.floor_priority = floor_priority
+        outranked = 0
+        below = floor_priority if floor_priority is not None else -math.inf
         # Held-back prefills, with their preemption count: one preempted (and maybe re-admitted)
         # by the admission pass is not theirs to schedule any more.
         deferred: list[tuple[RequestState, int]] = []
@@ -209,6 +215,8 @@ class Scheduler:
                 req.num_computed_tokens = total
                 budget -= 1
                 num_decode += 1
+                if req.priority < below:
+                    outranked += 1
                 continue
             if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
                 deferred.append((req, req.num_preemptions))
@@ -235,6 +243,7 @@ class Scheduler:
                 self.end_long_prefill(req)
         b.budget = budget
         b.num_decode_tokens += num_decode
+        b.outranked_decodes = outranked
         return deferred
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Event]:
