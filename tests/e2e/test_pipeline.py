@@ -17,11 +17,11 @@ from engine.engine import Engine
 from engine.generate import Generation, GenerationRequest, generate
 from engine.sampling import GREEDY
 from engine.tokenizer import Tokenizer, load_tokenizer
+from services.local_pipeline import Pipeline, pipeline, shm_names_of
 from tandem.internal.v1 import scheduler_pb2 as spb
 from tandem.internal.v1 import scheduler_pb2_grpc
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
-from tests.e2e.harness import Pipeline, pipeline, shm_names_of
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Starting `tandem serve` as a real subprocess for end-to-end tests.
+"""`tandem serve` as a real subprocess, for end-to-end tests and benchmarks.
 
 Free ports are picked per pipeline, the environment is copied (never mutated), readiness is the
 launcher's "tandem serving" line, and a launcher that exits while starting fails the test at once
@@ -54,9 +54,9 @@ def shm_names_of(pids: list[int]) -> list[str]:
 
 
 @contextmanager
-def pipeline(tmp_path: Path, *flags: str) -> Iterator[Pipeline]:
+def pipeline(log_dir: Path, *flags: str) -> Iterator[Pipeline]:
     port, sched, worker = free_port(), free_port(), free_port()
-    log_path = tmp_path / f"serve-{port}.log"
+    log_path = log_dir / f"serve-{port}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -76,8 +76,7 @@ def pipeline(tmp_path: Path, *flags: str) -> Iterator[Pipeline]:
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+        for line in proc.stdout or ():
             lines.put(line)
         lines.put(None)
 
