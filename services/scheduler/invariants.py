@@ -39,6 +39,9 @@ def _request_problems(s: Scheduler) -> list[str]:
     for r in s.running:
         if r.status is not Status.RUNNING or s.requests.get(r.request_id) is not r:
             out.append(f"{r.request_id} in the running list with status {r.status}")
+        ahead = len(r.token_ids) - r.num_computed_tokens
+        if r.decoding and not (r.num_computed_tokens >= r.num_prompt_tokens and ahead in (0, 1)):
+            out.append(f"{r.request_id} marked decoding with {ahead} tokens to compute")
     for r in waiting:
         if s.requests.get(r.request_id) is not r:
             out.append(f"{r.request_id} waiting but not in the request table")

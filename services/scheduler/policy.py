@@ -190,7 +190,8 @@ class Scheduler:
         blocks = self.blocks
         add_row, add_req, row = b.seqs.append, b.reqs.append, ScheduledSeq
         budget = b.budget
-        num_decode = 0
+        rows_before = len(b.seqs)
+        prefill_rows = 0
         # Decodes of lower priority than the waiting head (see StepBuilder.outranked_decodes).
         floor_priority = floor[0] if floor is not None else None
         b.floor_priority = floor_priority
@@ -203,21 +204,22 @@ class Scheduler:
             if budget <= 0:
                 break
             n = req.num_computed_tokens
-            tokens = req.token_ids
-            total = len(tokens)
-            if total - n == 1 and n >= req.num_prompt_tokens:
+            if req.decoding:
                 if n >= req.capacity:
                     if not blocks.num_free and not self.make_room(1, req):
                         break
                     req.set_blocks(req.block_ids + blocks.allocate(1))
-                add_row(row(req.request_id, tokens[n:], n, req.block_table, True, req.sampling))
+                add_row(
+                    row(req.request_id, req.token_ids[n:], n, req.block_table, True, req.sampling)
+                )
                 add_req(req)
-                req.num_computed_tokens = total
+                req.num_computed_tokens = n + 1
                 budget -= 1
-                num_decode += 1
                 if req.priority < below:
                     outranked += 1
                 continue
+            tokens = req.token_ids
+            total = len(tokens)
             if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
                 deferred.append((req, req.num_preemptions))
                 continue
@@ -237,12 +239,13 @@ class Scheduler:
             add_req(req)
             req.num_computed_tokens = end
             budget -= chunk
+            prefill_rows += 1
             b.num_prefill_tokens += chunk
             b.note_prefill(req.priority, req.rank)
             if sample and req.long_prefill:
                 self.end_long_prefill(req)
         b.budget = budget
-        b.num_decode_tokens += num_decode
+        b.num_decode_tokens += len(b.seqs) - rows_before - prefill_rows
         b.outranked_decodes = outranked
         return deferred
 
@@ -281,6 +284,7 @@ class Scheduler:
             token_id, logprob = out
             tokens = req.token_ids
             tokens.append(token_id)
+            req.decoding = True
             if len(tokens) % bs == 0:
                 req.extend_hashes()
             index = len(tokens) - req.num_prompt_tokens - 1
@@ -380,6 +384,7 @@ class Scheduler:
             req.set_blocks([])
         req.num_computed_tokens = 0
         req.num_registered_blocks = 0
+        req.decoding = False
         if req.long_prefill:
             self.end_long_prefill(req)
         if req.known_to_worker:

@@ -46,6 +46,7 @@ class RequestState:
         "block_table",
         "capacity",
         "deadline",
+        "decoding",
         "enqueue_time",
         "hash_blocks",
         "known_to_worker",
@@ -112,6 +113,9 @@ class RequestState:
         self.known_to_worker = False
         self.long_prefill = False
         self.num_preemptions = 0
+        # Everything but the newest token is computed: the next row is a one-token decode. Set
+        # when a token is sampled, cleared when the request loses its blocks.
+        self.decoding = False
 
     @property
     def num_output_tokens(self) -> int:
