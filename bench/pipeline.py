@@ -1,0 +1,265 @@
+"""The same workload through the engine in-process and through the three-process pipeline.
+
+    python -m bench.pipeline [--model NAME] [--json PATH] [--quick]
+
+(a) in-process: the scheduler core and the engine in one loop, no processes, no gRPC;
+(b) the pipeline (`tandem serve`) with the hot path over shared-memory rings;
+(c) the pipeline with the hot path over gRPC.
+Prints throughput, TTFT and inter-token latency p50/p99, the per-step hop scheduler → worker, and
+the pipeline's throughput relative to in-process. Timings, not assertions: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from grpc import aio
+
+from engine import registry
+from engine.batch import SeqInput
+from engine.engine import Engine
+from engine.sampling import GREEDY
+from engine.tokenizer import load_tokenizer
+from services.local_pipeline import pipeline
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.events import Token
+from services.scheduler.plan import StepResult
+from services.scheduler.policy import Scheduler
+from services.scheduler.request import Request
+from tandem.internal.v1 import scheduler_pb2 as spb
+from tandem.internal.v1 import scheduler_pb2_grpc
+from tandem.v1 import generation_pb2 as pb
+from tandem.v1 import generation_pb2_grpc
+
+TEXT = (
+    "The history of computing is a story of abstraction: each layer hides the one below it, "
+    "from transistors to logic gates, from instruction sets to compilers, from operating "
+    "systems to the programs people use every day. "
+)
+
+
+@dataclass
+class Timeline:
+    start: float
+    tokens: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    system: str
+    concurrency: int
+    requests: int
+    output_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    hop_p50_us: float = 0.0
+    hop_p99_us: float = 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(system: str, concurrency: int, lines: list[Timeline], wall: float) -> Summary:
+    ttft = [(t.tokens[0] - t.start) * 1000 for t in lines if t.tokens]
+    itl = [(b - a) * 1000 for t in lines for a, b in zip(t.tokens, t.tokens[1:], strict=False)]
+    n = sum(len(t.tokens) for t in lines)
+    return Summary(
+        system,
+        concurrency,
+        len(lines),
+        n,
+        wall,
+        n / wall,
+        pct(ttft, 0.5),
+        pct(ttft, 0.99),
+        pct(itl, 0.5),
+        pct(itl, 0.99),
+    )
+
+
+def in_process(
+    engine: Engine, prompts: list[list[int]], out_len: int, concurrency: int, max_num_seqs: int
+) -> Summary:
+    core = Scheduler(
+        SchedulerConfig(
+            num_kv_blocks=engine.num_kv_blocks,
+            block_size=engine.block_size,
+            max_model_len=engine.config.max_seq_len,
+            max_num_seqs=max_num_seqs,
+        )
+    )
+    lines: dict[str, Timeline] = {}
+    pending = list(enumerate(prompts))
+
+    def admit() -> None:
+        while pending and len(lines) - finished < concurrency:
+            i, ids = pending.pop(0)
+            lines[f"r{i}"] = Timeline(time.perf_counter())
+            core.add_request(Request(f"r{i}", ids, out_len, sampling=GREEDY))
+
+    finished = 0
+    start = time.perf_counter()
+    admit()
+    while core.has_unfinished():
+        plan = core.schedule()
+        if plan.is_empty:
+            continue
+        engine.release(plan.finished_request_ids)
+        outs = engine.step(
+            [
+                SeqInput(s.request_id, s.token_ids, s.start_pos, s.block_table, GREEDY, s.sample)
+                for s in plan.seqs
+            ]
+        )
+        result = StepResult(plan.step_id, {o.seq_id: (o.token_id, o.logprob) for o in outs})
+        now = time.perf_counter()
+        for event in core.update(plan, result):
+            if isinstance(event, Token):
+                lines[event.request_id].tokens.append(now)
+        finished = sum(1 for t in lines.values() if len(t.tokens) >= out_len)
+        admit()
+    return summarize("in-process", concurrency, list(lines.values()), time.perf_counter() - start)
+
+
+async def through_pipeline(
+    address: str,
+    scheduler: str,
+    system: str,
+    prompts: list[list[int]],
+    out_len: int,
+    concurrency: int,
+) -> Summary:
+    gate = asyncio.Semaphore(concurrency)
+    lines: list[Timeline] = []
+
+    async def one(stub: generation_pb2_grpc.GenerationStub, ids: list[int]) -> None:
+        async with gate:
+            line = Timeline(time.perf_counter())
+            lines.append(line)
+            request = pb.GenerateRequest(
+                token_ids=pb.TokenIds(ids=ids),
+                max_tokens=out_len,
+                ignore_eos=True,
+                sampling=pb.SamplingParams(temperature=0),
+            )
+            async for reply in stub.Generate(request):
+                now = time.perf_counter()
+                line.tokens.extend([now] * len(reply.token_ids))
+
+    async with aio.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        await one(stub, prompts[0][:8])  # warm-up, not counted
+        lines.clear()
+        start = time.perf_counter()
+        await asyncio.gather(*(one(stub, ids) for ids in prompts))
+        wall = time.perf_counter() - start
+    async with aio.insecure_channel(scheduler) as channel:
+        stats = await scheduler_pb2_grpc.SchedulerStub(channel).Stats(spb.StatsRequest())
+    summary = summarize(system, concurrency, lines, wall)
+    summary.hop_p50_us, summary.hop_p99_us = stats.hop_p50_us, stats.hop_p99_us
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=registry.DEFAULT_MODEL)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--scenarios", default="1x4,16x32", help="concurrency x requests, ...")
+    parser.add_argument("--quick", action="store_true", help="a short run: 1x2,8x8, 16 tokens")
+    parser.add_argument("--json", type=Path, default=Path("bench/pipeline.json"))
+    args = parser.parse_args()
+    if args.quick:
+        args.scenarios, args.output_len = "1x2,8x8", 16
+    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    path = registry.resolve(args.model, home)
+    tokenizer = load_tokenizer(path)
+    base = tokenizer.encode(TEXT * 20, allow_special=False)
+    scenarios = [tuple(int(x) for x in s.split("x")) for s in args.scenarios.split(",")]
+    max_seqs = max(c for c, _ in scenarios)
+
+    def prompts(n: int) -> list[list[int]]:
+        # Distinct prompts (no prefix sharing between requests): each starts at another offset.
+        return [base[i * 7 : i * 7 + args.prompt_len] for i in range(n)]
+
+    results: list[Summary] = []
+    engine = Engine.from_path(path, progress=False)
+    for c, n in scenarios:
+        results.append(in_process(engine, prompts(n), args.output_len, c, max_seqs))
+    del engine
+    log_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
+    for transport in ("shm", "grpc"):
+        with pipeline(
+            log_dir,
+            "--model",
+            args.model,
+            "--max-num-seqs",
+            str(max_seqs),
+            "--transport",
+            transport,
+        ) as served:
+            for c, n in scenarios:
+                results.append(
+                    asyncio.run(
+                        through_pipeline(
+                            served.address,
+                            served.scheduler_address,
+                            f"pipeline ({transport} hop)",
+                            prompts(n),
+                            args.output_len,
+                            c,
+                        )
+                    )
+                )
+
+    print(
+        f"\n{path.name}: prompt {args.prompt_len} tokens, output {args.output_len}, CPU "
+        f"threads {os.cpu_count()}"
+    )
+    header = (
+        f"{'system':<22} {'conc':>4} {'req':>4} {'tok/s':>8} {'vs in-proc':>10} "
+        f"{'TTFT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7} {'hop p50':>9} {'p99 µs':>7}"
+    )
+    print(header)
+    baseline = {r.concurrency: r.tokens_per_s for r in results if r.system == "in-process"}
+    for r in results:
+        ratio = r.tokens_per_s / baseline[r.concurrency]
+        hop = f"{r.hop_p50_us:>9.0f} {r.hop_p99_us:>7.0f}" if r.hop_p50_us else f"{'':>9} {'':>7}"
+        print(
+            f"{r.system:<22} {r.concurrency:>4} {r.requests:>4} {r.tokens_per_s:>8.1f} "
+            f"{ratio:>9.1%} {r.ttft_p50_ms:>7.0f}ms {r.ttft_p99_ms:>5.0f}ms "
+            f"{r.itl_p50_ms:>6.1f}ms {r.itl_p99_ms:>5.1f}ms {hop}"
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "model": path.name,
+                "prompt_len": args.prompt_len,
+                "output_len": args.output_len,
+                "results": [asdict(r) for r in results],
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
