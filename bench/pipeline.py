@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -200,6 +199,7 @@ def main() -> None:
 
     results: list[Summary] = []
     engine = Engine.from_path(path, progress=False)
+    in_process(engine, prompts(1), 4, 1, max_seqs)  # warm-up, not counted
     for c, n in scenarios:
         results.append(in_process(engine, prompts(n), args.output_len, c, max_seqs))
     del engine

@@ -7,6 +7,7 @@ serves the same records when the scheduler is on another host.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -117,13 +118,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Step(
         self, request: hp.StepDescriptor, context: aio.ServicerContext
     ) -> hp.StepOutcome:
-        import asyncio
+        received = time.monotonic_ns()
 
         def run() -> hp.StepOutcome:
             with self.lock:
                 return self.runner.run(request)
 
-        return await asyncio.to_thread(run)
+        outcome = await asyncio.to_thread(run)
+        outcome.received_ns = received
+        outcome.sent_ns = time.monotonic_ns()
+        return outcome
 
     def stop_loop(self) -> None:
         if self.loop is not None:
