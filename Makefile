@@ -33,8 +33,10 @@ $(MODELS_STAMP): $(STAMP) $(GENERATED)
 	$(VENV)/bin/tandem models fetch $(MODELS)
 	@touch $(MODELS_STAMP)
 
+# The main job: the three-process pipeline serving the default model on CPU, answering one
+# streamed demo request, then serving on 127.0.0.1:50051 until Ctrl-C.
 run: setup
-	$(VENV)/bin/tandem run --chat --prompt "Write a haiku about shared memory." --max-tokens 64
+	$(VENV)/bin/tandem serve --demo "Write a haiku about shared memory."
 
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
