@@ -134,7 +134,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         remaining = total - cached
         is_long = cfg.enable_chunked_prefill and remaining > threshold
         # Every reason to pass over the head comes before anyone is preempted for it.
-        if is_long and s.long_prefills_from(head.priority) >= cfg.max_long_prefills:
+        if is_long and s.long_prefills.at_or_above(head.priority) >= cfg.max_long_prefills:
             # Let shorter requests pass instead of blocking the queue behind it.
             skipped.append(waiting.pop())
             continue
@@ -162,7 +162,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         if bonus:
             b.outranked_decodes = 0  # the allowance is once per step
         if is_long:
-            s.start_long_prefill(head)
+            s.long_prefills.add(head)
     for req in skipped:
         waiting.push(req)
 
@@ -250,4 +250,4 @@ def schedule_deferred(
             req.set_blocks(req.block_ids + blocks.allocate(need))
         b.add_prefill(req, n, n + chunk)
         if n + chunk == total and req.long_prefill:
-            s.end_long_prefill(req)
+            s.long_prefills.remove(req)

@@ -57,12 +57,10 @@ def _request_problems(s: Scheduler) -> list[str]:
     keys = [(-r.rank, r.order) for r in s.running]
     if keys != sorted(keys):
         out.append("the running list is not in rank order")
-    long_prefills = sum(1 for r in s.running if r.long_prefill)
-    if long_prefills != s.num_long_prefills:
-        out.append(f"long prefill count {s.num_long_prefills} != {long_prefills}")
     by_priority = Counter(r.priority for r in s.running if r.long_prefill)
-    if by_priority != s.long_prefills:
-        out.append(f"long prefills by priority {dict(s.long_prefills)} != {dict(by_priority)}")
+    if by_priority != s.long_prefills.by_priority:
+        counted = dict(s.long_prefills.by_priority)
+        out.append(f"long prefills by priority {counted} != {dict(by_priority)}")
     for p, n in by_priority.items():
         # Admission counts those at and above a level, so each level alone stays within it.
         if n > s.config.max_long_prefills:

@@ -18,18 +18,18 @@ pool:
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
 
-from services.scheduler import admission
+from services.scheduler import admission, results, running
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.deadlines import Deadlines
 from services.scheduler.errors import InvalidRequest, QueueFull
-from services.scheduler.events import Event, Finished, FinishReason, Preempted, Queued, Token
-from services.scheduler.plan import ScheduledSeq, StepPlan, StepResult
+from services.scheduler.events import Event, Finished, FinishReason, Preempted, Queued
+from services.scheduler.long_prefills import LongPrefills
+from services.scheduler.plan import StepPlan, StepResult
 from services.scheduler.request import Request, RequestState, Status
 from services.scheduler.sessions import SessionPins
 from services.scheduler.stats import SchedulerStats
@@ -69,9 +69,7 @@ class Scheduler:
         self._flight_reqs: list[RequestState] = []
         self._plan_time = 0.0
         self.step_s_ewma = 0.0
-        # Running long prefills by priority: the cap applies among equals and above, so a long
-        # low-priority prompt never holds back a long high-priority one.
-        self.long_prefills: Counter[int] = Counter()
+        self.long_prefills = LongPrefills()
         self.num_preempted_waiting = 0
         self._next_order = 0
         self._next_step = 0
@@ -158,7 +156,7 @@ class Scheduler:
         head = self.waiting.peek()
         if cfg.isolate_priority_prefill and head is not None:
             floor = (head.priority, head.effective_priority(now, cfg.aging_per_s))
-        deferred = self._schedule_running(builder, floor)
+        deferred = running.schedule_running(self, builder, floor)
         admission.admit(self, builder, now)
         if deferred:
             admission.schedule_deferred(self, builder, deferred)
@@ -178,77 +176,6 @@ class Scheduler:
         self._plan_time = now
         return plan
 
-    def _schedule_running(
-        self, b: admission.StepBuilder, floor: tuple[int, float] | None
-    ) -> list[tuple[RequestState, int]]:
-        # The hot loop: one pass over the running batch with locals only. Decodes, nearly every
-        # row at steady state, take the short path. Preemption only ever pops the list's tail,
-        # which the loop has not reached yet (or is the current request: then the loop ends).
-        bs = self.config.block_size
-        threshold = self.config.long_prefill_token_threshold
-        chunked = self.config.enable_chunked_prefill
-        blocks = self.blocks
-        add_row, add_req, row = b.seqs.append, b.reqs.append, ScheduledSeq
-        budget = b.budget
-        rows_before = len(b.seqs)
-        prefill_rows = 0
-        # Decodes of lower priority than the waiting head (see StepBuilder.outranked_decodes).
-        floor_priority = floor[0] if floor is not None else None
-        b.floor_priority = floor_priority
-        outranked = 0
-        below = floor_priority if floor_priority is not None else -math.inf
-        # Held-back prefills, with their preemption count: one preempted (and maybe re-admitted)
-        # by the admission pass is not theirs to schedule any more.
-        deferred: list[tuple[RequestState, int]] = []
-        for req in self.running:
-            if budget <= 0:
-                break
-            n = req.num_computed_tokens
-            if req.decoding:
-                if n >= req.capacity:
-                    if not blocks.num_free and not self.make_room(1, req):
-                        break
-                    req.set_blocks(req.block_ids + blocks.allocate(1))
-                add_row(
-                    row(req.request_id, req.token_ids[n:], n, req.block_table, True, req.sampling)
-                )
-                add_req(req)
-                req.num_computed_tokens = n + 1
-                budget -= 1
-                if req.priority < below:
-                    outranked += 1
-                continue
-            tokens = req.token_ids
-            total = len(tokens)
-            if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
-                deferred.append((req, req.num_preemptions))
-                continue
-            chunk = (
-                min(total - n, budget, threshold) if req.long_prefill else min(total - n, budget)
-            )
-            end = n + chunk
-            if not chunked and end < total:
-                continue
-            if end > req.capacity:
-                need = -(-end // bs) - len(req.block_ids)
-                if need > blocks.num_free and not self.make_room(need, req):
-                    break
-                req.set_blocks(req.block_ids + blocks.allocate(need))
-            sample = end == total
-            add_row(row(req.request_id, tokens[n:end], n, req.block_table, sample, req.sampling))
-            add_req(req)
-            req.num_computed_tokens = end
-            budget -= chunk
-            prefill_rows += 1
-            b.num_prefill_tokens += chunk
-            b.note_prefill(req.priority, req.rank)
-            if sample and req.long_prefill:
-                self.end_long_prefill(req)
-        b.budget = budget
-        b.num_decode_tokens += len(b.seqs) - rows_before - prefill_rows
-        b.outranked_decodes = outranked
-        return deferred
-
     def update(self, plan: StepPlan, result: StepResult) -> list[Event]:
         """Apply a step's sampled tokens; returns every event since the last drain."""
         if plan is not self.in_flight:
@@ -262,39 +189,7 @@ class Scheduler:
             self.step_s_ewma = step_s
         else:
             self.step_s_ewma += _STEP_ALPHA * (step_s - self.step_s_ewma)
-        bs = self.config.block_size
-        blocks, sampled, events = self.blocks, result.sampled, self.events
-        any_finished = False
-        for seq, req in zip(plan.seqs, self._flight_reqs, strict=True):
-            if req.status is not Status.RUNNING:
-                continue  # cancelled while the step ran; its blocks are already free
-            full = req.num_computed_tokens // bs
-            if req.num_registered_blocks < full:
-                hashes, ids = req.block_hashes, req.block_ids
-                for j in range(req.num_registered_blocks, min(full, len(hashes))):
-                    blocks.register(ids[j], hashes[j])
-                req.num_registered_blocks = full
-            if not seq.sample:
-                continue
-            out = sampled.get(req.request_id)
-            if out is None:
-                self.finish(req, "error", now, "the worker returned no token", unlink=False)
-                any_finished = True
-                continue
-            token_id, logprob = out
-            tokens = req.token_ids
-            tokens.append(token_id)
-            req.decoding = True
-            if len(tokens) % bs == 0:
-                req.extend_hashes()
-            index = len(tokens) - req.num_prompt_tokens - 1
-            events.append(Token(req.request_id, token_id, logprob, index))
-            if token_id in req.stop_token_ids:
-                self.finish(req, "stop", now, unlink=False)
-                any_finished = True
-            elif index + 1 >= req.max_tokens:
-                self.finish(req, "length", now, unlink=False)
-                any_finished = True
+        any_finished = results.apply(self, plan.seqs, self._flight_reqs, result.sampled, now)
         self._flight_reqs = []
         if any_finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
@@ -319,8 +214,7 @@ class Scheduler:
             self.running.pop()
         else:
             self.running.remove(req)
-        events_time = now
-        self.events.append(Preempted(req.request_id, events_time, req.num_computed_tokens, cause))
+        self.events.append(Preempted(req.request_id, now, req.num_computed_tokens, cause))
         self._drop_blocks(req)
         req.status = Status.PREEMPTED
         req.num_preemptions += 1
@@ -329,24 +223,6 @@ class Scheduler:
         self.deadlines.add(req)
         self.num_preempted_waiting += 1
         self.num_preemptions += 1
-
-    @property
-    def num_long_prefills(self) -> int:
-        return sum(self.long_prefills.values())
-
-    def long_prefills_from(self, priority: int) -> int:
-        """Running long prefills of this priority or higher."""
-        return sum(n for p, n in self.long_prefills.items() if p >= priority)
-
-    def start_long_prefill(self, req: RequestState) -> None:
-        req.long_prefill = True
-        self.long_prefills[req.priority] += 1
-
-    def end_long_prefill(self, req: RequestState) -> None:
-        req.long_prefill = False
-        self.long_prefills[req.priority] -= 1
-        if not self.long_prefills[req.priority]:
-            del self.long_prefills[req.priority]
 
     def start_running(self, req: RequestState) -> None:
         req.status = Status.RUNNING
@@ -386,7 +262,7 @@ class Scheduler:
         req.num_registered_blocks = 0
         req.decoding = False
         if req.long_prefill:
-            self.end_long_prefill(req)
+            self.long_prefills.remove(req)
         if req.known_to_worker:
             req.known_to_worker = False
             self.forget.append(req.request_id)

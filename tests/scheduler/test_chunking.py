@@ -54,7 +54,7 @@ def test_at_most_max_long_prefills_run_and_short_requests_pass_them() -> None:
             break
     # long0 needs 60 / 16 = 4 chunks: long1 starts in the step its last chunk is sent.
     assert started_long1 == 3
-    assert rig.scheduler.num_long_prefills == 1
+    assert rig.scheduler.long_prefills.total == 1
     rig.run()
 
 

@@ -181,7 +181,7 @@ def test_a_long_low_priority_prefill_does_not_hold_back_a_long_high_priority_one
     plan, events = rig.step()
     assert [e.request_id for e in of_type(events, Scheduled)] == ["high0"]
     assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("high0", 8)]
-    assert dict(rig.scheduler.long_prefills) == {0: 1, 1: 1}
+    assert dict(rig.scheduler.long_prefills.by_priority) == {0: 1, 1: 1}
     # Another long one at the low level still waits for the first.
     rig.add(*create_requests(1, id_prefix="low2", prompt_len=40, max_tokens=2))
     for _ in range(3):
