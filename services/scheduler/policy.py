@@ -7,12 +7,14 @@ recorded as an event (see events.py), handed out by `update()` and `drain_events
 
 A step is built in three passes, so its cost grows with the batch, never with the queue or the
 pool:
-  1. running sequences, highest effective priority first: decodes, then prefill chunks; when
-     blocks run out the lowest-ranked running sequence is preempted (maybe the one asking);
-  2. admission of waiting requests, best effective priority first, within the step's token
+  1. (running.py) running sequences, highest effective priority first: decodes and prefill
+     chunks; when blocks run out the lowest-ranked running sequence is preempted (maybe the one
+     asking);
+  2. (admission.py) waiting requests, best effective priority first, within the step's token
      budget and max_num_seqs, preempting a lower-priority running sequence if the batch is full;
-  3. lower-priority prefill chunks that pass 1 held back for a higher-priority prefill, only if
-     no such prefill ended up in the step (`isolate_priority_prefill`).
+  3. (admission.py) lower-priority prefill chunks that pass 1 held back for a higher-priority
+     prefill, only if no such prefill ended up in the step (`isolate_priority_prefill`).
+A step's result is applied by results.py.
 """
 
 from __future__ import annotations
