@@ -84,17 +84,18 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         options["prompt_ids"] = args.prompt_ids
         prompt = None
-    with Client(args.server) as client:
+    with Client(args.server) as client, client.generate(prompt, **options) as generation:
         try:
-            with client.generate(prompt, **options) as generation:
-                for delta in generation:
-                    if not args.json:
-                        sys.stdout.write(delta.text)
-                        sys.stdout.flush()
-                result = generation.result
+            for delta in generation:
+                if not args.json:
+                    sys.stdout.write(delta.text)
+                    sys.stdout.flush()
         except TandemError as err:
+            if generation.result.text and not args.json:
+                print()  # end the partial text's line before the error
             _report(args.command, err, client)
             return 2
+    result = generation.result
     if args.json:
         print(json.dumps(_as_json(result, with_logprobs=args.logprobs > 0), ensure_ascii=False))
     else:
@@ -150,6 +151,8 @@ def _chat(args: argparse.Namespace) -> int:
     opening: list[Message] = [{"role": "system", "content": args.system}] if args.system else []
     history = list(opening)
     interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401  (line editing and history for input())
     with Client(args.server) as client:
         while True:
             try:
@@ -170,7 +173,8 @@ def _chat(args: argparse.Namespace) -> int:
                 reply = _reply(client, messages, options)
             except KeyboardInterrupt:
                 # The turn is dropped from the history: the model never finished it.
-                print("\n[reply cancelled]", file=sys.stderr)
+                print(flush=True)
+                print("[reply cancelled]", file=sys.stderr)
                 continue
             except TandemError as err:
                 if _report(args.command, err, client):
