@@ -17,6 +17,7 @@ from shm.errors import ShmError
 SUBCOMMAND_MODULES = (
     "services.cli_models",
     "services.cli_run",
+    "services.cli_generate",
     "services.cli_serve",
     "services.cli_shm",
 )
