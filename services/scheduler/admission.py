@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from services.scheduler.builder import StepBuilder
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.errors import InvalidRequest
 from services.scheduler.events import Resumed, Scheduled
-from services.scheduler.plan import ScheduledSeq
 from services.scheduler.request import Request, RequestState, Status
 
 if TYPE_CHECKING:
@@ -47,62 +47,6 @@ def validate(request: Request, cfg: SchedulerConfig) -> None:
         )
     if request.deadline is not None and not math.isfinite(request.deadline):
         raise InvalidRequest("deadline", f"must be a finite clock time, got {request.deadline}")
-
-
-class StepBuilder:
-    __slots__ = (
-        "budget",
-        "floor_priority",
-        "num_decode_tokens",
-        "num_prefill_tokens",
-        "outranked_decodes",
-        "prefill_top",
-        "reqs",
-        "seqs",
-    )
-
-    def __init__(self, budget: int) -> None:
-        self.seqs: list[ScheduledSeq] = []
-        # The request behind each row of seqs, in the same order.
-        self.reqs: list[RequestState] = []
-        self.budget = budget
-        self.num_prefill_tokens = 0
-        self.num_decode_tokens = 0
-        # (priority, effective priority) of the most important prefill in the step so far.
-        self.prefill_top: tuple[int, float] | None = None
-        # The waiting head's priority when the step began, and how many decodes in the step
-        # are of lower priority: a prefill at that priority is not charged for them, so its
-        # step is about as long as on an idle worker (`isolate_priority_prefill`).
-        self.floor_priority: int | None = None
-        self.outranked_decodes = 0
-
-    def note_prefill(self, priority: int, rank: float) -> None:
-        if self.prefill_top is None or (priority, rank) > self.prefill_top:
-            self.prefill_top = (priority, rank)
-
-    def holds_back(self, priority: int, rank: float) -> bool:
-        """Whether a prefill of this priority must wait for a step of its own: a step carrying a
-        more important prefill stays as short as that prefill. Aging lifts the hold (rank)."""
-        top = self.prefill_top
-        return top is not None and priority < top[0] and rank < top[1]
-
-    def add_prefill(self, req: RequestState, start: int, end: int) -> None:
-        sample = end == len(req.token_ids)
-        self.seqs.append(
-            ScheduledSeq(
-                req.request_id,
-                req.token_ids[start:end],
-                start,
-                req.block_table,
-                sample,
-                req.sampling,
-            )
-        )
-        self.reqs.append(req)
-        req.num_computed_tokens = end
-        self.budget -= end - start
-        self.num_prefill_tokens += end - start
-        self.note_prefill(req.priority, req.rank)
 
 
 def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
@@ -184,6 +128,7 @@ def _start(
     req.known_to_worker = True
     cached = len(hits) * s.config.block_size
     b.add_prefill(req, cached, cached + chunk)
+    b.new_sampling[req.request_id] = req.sampling
     if resumed:
         s.num_preempted_waiting -= 1
         s.events.append(Resumed(req.request_id, now, cached))
@@ -209,19 +154,8 @@ def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, n
     victim = _victim_for(s, head, eff)
     if victim is None:
         return
-    for k in range(len(b.reqs) - 1, -1, -1):
-        if b.reqs[k] is victim:
-            # Already in this step: take its row back out, and its tokens back into the budget.
-            row = b.seqs.pop(k)
-            del b.reqs[k]
-            victim.num_computed_tokens = row.start_pos
-            n = len(row.token_ids)
-            b.budget += n
-            if n == 1 and row.start_pos >= victim.num_prompt_tokens:
-                b.num_decode_tokens -= 1
-            else:
-                b.num_prefill_tokens -= n
-            break
+    # Already in this step? Its row comes back out before its blocks go.
+    b.remove(victim)
     s.preempt(victim, "priority", now)
 
 

@@ -95,6 +95,19 @@ class BlockManager:
             out.append(block_id)
         return out
 
+    def allocate_one(self) -> int:
+        """allocate(1)[0], without the list: a decode crossing into a new block."""
+        if not self._free:
+            raise RuntimeError("allocate_one() with no free block")
+        block_id, _ = self._free.popitem(last=False)
+        block_hash = self.block_hashes[block_id]
+        if block_hash is not None:
+            self.block_hashes[block_id] = None
+            del self.cached[block_hash]
+            self.num_evictions += 1
+        self.ref_counts[block_id] = 1
+        return block_id
+
     def free(self, block_ids: Sequence[int]) -> None:
         refs, hashes, free = self.ref_counts, self.block_hashes, self._free
         # Tail first: a sequence's last blocks are the least likely to be shared again, so they

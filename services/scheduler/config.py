@@ -48,6 +48,11 @@ class SchedulerConfig:
     max_wait_us: float = 0.0
     window_max_seqs: int = 4
 
+    # Async scheduling (overlap): `schedule()` may build step N+1 while step N runs, so the hop
+    # and the scheduler's own time hide behind the worker's compute. The worker must then
+    # fill each PLACEHOLDER token with its own last sample (see plan.py).
+    async_scheduling: bool = False
+
     def __post_init__(self) -> None:
         positive = {
             "num_kv_blocks": self.num_kv_blocks,

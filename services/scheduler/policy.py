@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from services.scheduler import admission, results, running
 from services.scheduler.block_manager import BlockManager
+from services.scheduler.builder import StepBuilder
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.deadlines import Deadlines
 from services.scheduler.errors import InvalidRequest, QueueFull
@@ -44,6 +46,14 @@ _STEP_ALPHA = 0.2
 
 def _rank_key(req: RequestState) -> tuple[float, int]:
     return (-req.rank, req.order)
+
+
+class Flight(NamedTuple):
+    plan: StepPlan
+    # The request behind each row of the plan.
+    reqs: list[RequestState]
+    # Clock time the plan was made.
+    planned_at: float
 
 
 class Scheduler:
@@ -67,9 +77,11 @@ class Scheduler:
         self.events: list[Event] = []
         # Requests the worker may forget, sent with the next non-empty plan.
         self.forget: list[str] = []
-        self.in_flight: StepPlan | None = None
-        self._flight_reqs: list[RequestState] = []
-        self._plan_time = 0.0
+        # Plans sent and not yet answered, oldest first: one, or two with async_scheduling.
+        self.flights: deque[Flight] = deque()
+        self._max_flights = 2 if config.async_scheduling else 1
+        # When the last result was applied: with two plans in flight a step starts then.
+        self._last_update = 0.0
         self.step_s_ewma = 0.0
         self.long_prefills = LongPrefills()
         self.num_preempted_waiting = 0
@@ -133,8 +145,7 @@ class Scheduler:
         self.blocks.reset()
         self.window.reset()
         self.forget.clear()
-        self.in_flight = None
-        self._flight_reqs = []
+        self.flights.clear()
         self.long_prefills.clear()
         self.num_preempted_waiting = 0
         return self.drain_events()
@@ -146,14 +157,18 @@ class Scheduler:
     # -- one step ----------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        """The next step's batch. A non-empty plan must be answered by `update` before the next
-        call; an empty one needs no answer (its finished ids wait for the next plan)."""
-        if self.in_flight is not None:
-            raise RuntimeError("schedule() called while the previous plan awaits update()")
+        """The next step's batch. A non-empty plan must be answered by `update`; with
+        `async_scheduling` the next call may come before that answer (one more plan in flight),
+        otherwise it must come after. An empty plan needs no answer (its finished ids wait for
+        the next plan)."""
+        if len(self.flights) >= self._max_flights:
+            raise RuntimeError(
+                f"schedule() called while {len(self.flights)} plan(s) await update()"
+            )
         now = self.clock()
         self._expire(now)
         cfg = self.config
-        builder = admission.StepBuilder(cfg.max_num_batched_tokens)
+        builder = StepBuilder(cfg.max_num_batched_tokens)
         floor: tuple[int, float] | None = None
         head = self.waiting.peek()
         if cfg.isolate_priority_prefill and head is not None:
@@ -162,40 +177,40 @@ class Scheduler:
         admission.admit(self, builder, now)
         if deferred:
             admission.schedule_deferred(self, builder, deferred)
-        if not builder.seqs:
-            return StepPlan(self._next_step, [])
+        if not builder.num_rows:
+            return StepPlan(self._next_step)
+        plan, reqs = builder.plan(self._next_step, self.forget)
         self._next_step += 1
-        plan = StepPlan(
-            self._next_step - 1,
-            builder.seqs,
-            self.forget,
-            builder.num_prefill_tokens,
-            builder.num_decode_tokens,
-        )
         self.forget = []
-        self.in_flight = plan
-        self._flight_reqs = builder.reqs
-        self._plan_time = now
+        self.flights.append(Flight(plan, reqs, now))
         return plan
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Event]:
-        """Apply a step's sampled tokens; returns every event since the last drain."""
-        if plan is not self.in_flight:
-            raise ValueError(f"step {plan.step_id} is not the plan in flight")
+        """Apply a step's sampled tokens (plans are answered in the order they were made);
+        returns every event since the last drain."""
+        flights = self.flights
+        if not flights or plan is not flights[0].plan:
+            raise ValueError(
+                f"step {plan.step_id} is not the plan in flight (or not the oldest of them)"
+            )
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for step {plan.step_id}")
         now = self.clock()
-        self.in_flight = None
-        step_s = now - self._plan_time
+        flight = flights.popleft()
+        # With two plans in flight this one started when the previous result came back.
+        step_s = now - max(flight.planned_at, self._last_update)
+        self._last_update = now
         if self.step_s_ewma == 0.0:
             self.step_s_ewma = step_s
         else:
             self.step_s_ewma += _STEP_ALPHA * (step_s - self.step_s_ewma)
-        any_finished = results.apply(self, plan.seqs, self._flight_reqs, result.sampled, now)
-        self._flight_reqs = []
-        if any_finished:
+        if results.apply(self, plan, flight.reqs, result.sampled, now):
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return self.drain_events()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.flights)
 
     # -- shared by the passes ----------------------------------------------------------------
 
@@ -263,6 +278,8 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_registered_blocks = 0
         req.decoding = False
+        # Rows already planned for it, in plans in flight, now speak for blocks it lost.
+        req.valid_from = self._next_step
         if req.long_prefill:
             self.long_prefills.remove(req)
         if req.known_to_worker:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.scheduler.block_manager import hash_block
+from services.scheduler.plan import PLACEHOLDER
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,7 +25,7 @@ class Request:
     session_id: str | None = None
     # Clock time the request entered the system; None means "when add_request is called".
     arrival_time: float | None = None
-    # Sampling parameters: opaque here, passed through to the worker in every plan.
+    # Sampling parameters: opaque here, passed through to the worker with its first row.
     sampling: Any = field(default=None)
 
 
@@ -37,7 +38,8 @@ class Status(enum.Enum):
 
 
 class RequestState:
-    # Mutable and slotted: the hot loop in `Scheduler.schedule` reads these fields per sequence.
+    # Mutable and slotted: the hot loops of `schedule()` and `update()` read these fields per
+    # sequence per step.
     __slots__ = (
         "arrival_time",
         "block_hashes",
@@ -46,10 +48,13 @@ class RequestState:
         "block_table",
         "capacity",
         "deadline",
+        "decode_limit",
         "decoding",
         "enqueue_time",
         "hash_blocks",
         "known_to_worker",
+        "last_pos",
+        "last_token",
         "long_prefill",
         "max_tokens",
         "num_computed_tokens",
@@ -66,6 +71,7 @@ class RequestState:
         "status",
         "stop_token_ids",
         "token_ids",
+        "valid_from",
         "waited_s",
     )
 
@@ -92,12 +98,17 @@ class RequestState:
         # The prompt followed by every generated token: what a resume must re-prefill.
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
+        # Position of the last token it may generate (max_tokens): a decode row there would
+        # sample past the end.
+        self.last_pos = self.num_prompt_tokens + request.max_tokens - 1
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         # An immutable copy of block_ids, rebuilt only when a block is added: plans share it.
         self.block_table: tuple[int, ...] = ()
         # Tokens the blocks can hold: the hot loop's "does it need a block" test.
         self.capacity = 0
+        # min(capacity, last_pos): one test in the hot loop for "needs a block or is done".
+        self.decode_limit = 0
         # Chained hashes of every full block of token_ids, extended as tokens arrive.
         self.block_hashes: list[bytes] = []
         self.hash_blocks = hash_blocks
@@ -114,8 +125,16 @@ class RequestState:
         self.long_prefill = False
         self.num_preemptions = 0
         # Everything but the newest token is computed: the next row is a one-token decode. Set
-        # when a token is sampled, cleared when the request loses its blocks.
+        # when a row that samples is planned (the newest token may not be known yet: a plan in
+        # flight samples it), cleared when the request loses its blocks.
         self.decoding = False
+        # The newest token while decoding, or PLACEHOLDER while a plan in flight samples it:
+        # the one token of the next decode row.
+        self.last_token = PLACEHOLDER
+        # Rows of plans with a smaller step id were planned for blocks this request has since
+        # lost (finished, cancelled, preempted): their results are dropped. Set when it loses
+        # its blocks, to the id the next plan will get.
+        self.valid_from = 0
 
     @property
     def num_output_tokens(self) -> int:
@@ -132,6 +151,13 @@ class RequestState:
         self.block_ids = block_ids
         self.block_table = tuple(block_ids)
         self.capacity = len(block_ids) * self.block_size
+        self.decode_limit = min(self.capacity, self.last_pos)
+
+    def add_block(self, block_id: int) -> None:
+        self.block_ids.append(block_id)
+        self.block_table += (block_id,)
+        self.capacity += self.block_size
+        self.decode_limit = min(self.capacity, self.last_pos)
 
     def extend_hashes(self) -> None:
         if not self.hash_blocks:

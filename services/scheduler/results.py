@@ -1,5 +1,6 @@
 """How a step's result lands: full blocks offered to the prefix cache, sampled tokens appended
-and streamed, stop conditions checked."""
+and streamed, stop conditions checked; rows of requests that lost their blocks since the plan
+was made (async scheduling: up to two plans are in flight) are dropped whole."""
 
 from __future__ import annotations
 
@@ -7,35 +8,42 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from services.scheduler.events import Token
-from services.scheduler.plan import ScheduledSeq
-from services.scheduler.request import RequestState, Status
+from services.scheduler.plan import StepPlan
+from services.scheduler.request import RequestState
 
 if TYPE_CHECKING:
     from services.scheduler.policy import Scheduler
 
+Sampled = dict[str, tuple[int, float]]
+
+# Token(...) runs the NamedTuple's __new__, a Python function; making the tuple directly skips
+# that frame, which is most of the cost of one event per token per step.
+new_tuple = tuple.__new__
+
 
 def apply(
-    s: Scheduler,
-    seqs: Sequence[ScheduledSeq],
-    reqs: Sequence[RequestState],
-    sampled: dict[str, tuple[int, float]],
-    now: float,
+    s: Scheduler, plan: StepPlan, reqs: Sequence[RequestState], sampled: Sampled, now: float
 ) -> bool:
     """Apply one step's outcome to the requests it ran; True if any of them finished (the
     caller then drops them from the running list in one pass)."""
     bs = s.config.block_size
     blocks, events = s.blocks, s.events
+    step_id = plan.step_id
     any_finished = False
-    for seq, req in zip(seqs, reqs, strict=True):
-        if req.status is not Status.RUNNING:
-            continue  # cancelled while the step ran; its blocks are already free
-        full = req.num_computed_tokens // bs
+    rows = zip(reqs, plan.start_pos, plan.num_tokens, plan.sample, strict=True)
+    for req, start, count, sample in rows:
+        if req.valid_from > step_id:
+            # Finished, cancelled or preempted since this plan was made: its blocks are gone
+            # (maybe to another sequence already), so nothing it computed counts.
+            continue
+        # Blocks this row filled are computed now, and only now offered to the prefix cache.
+        full = (start + count) // bs
         if req.num_registered_blocks < full:
             hashes, ids = req.block_hashes, req.block_ids
             for j in range(req.num_registered_blocks, min(full, len(hashes))):
                 blocks.register(ids[j], hashes[j])
             req.num_registered_blocks = full
-        if not seq.sample:
+        if not sample:
             continue
         out = sampled.get(req.request_id)
         if out is None:
@@ -45,15 +53,18 @@ def apply(
         token_id, logprob = out
         tokens = req.token_ids
         tokens.append(token_id)
-        req.decoding = True
-        if len(tokens) % bs == 0:
+        n = len(tokens)
+        if req.num_computed_tokens < n:
+            # No later plan in flight samples it: the next decode row carries this token.
+            req.last_token = token_id
+        if n % bs == 0:
             req.extend_hashes()
-        index = len(tokens) - req.num_prompt_tokens - 1
-        events.append(Token(req.request_id, token_id, logprob, index))
+        index = n - req.num_prompt_tokens - 1
+        events.append(new_tuple(Token, (req.request_id, token_id, logprob, index)))
         if token_id in req.stop_token_ids:
             s.finish(req, "stop", now, unlink=False)
             any_finished = True
-        elif index + 1 >= req.max_tokens:
+        elif n > req.last_pos:
             s.finish(req, "length", now, unlink=False)
             any_finished = True
     return any_finished

@@ -1,8 +1,9 @@
 """The first pass of a step: rows for the running sequences, decodes on the shortest path.
 
 This is the loop whose cost is `schedule()`'s cost at steady state, so it reads locals only and
-allocates nothing but the rows. Preemption only ever pops the running list's tail, which the
-loop has not reached yet (or is the current request, and then the loop ends).
+allocates nothing: a decode row is three appends (see builder.py). Preemption only ever pops
+the running list's tail, which the loop has not reached yet (or is the current request, and
+then the loop ends).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from services.scheduler.admission import StepBuilder
-from services.scheduler.plan import ScheduledSeq
+from services.scheduler.builder import StepBuilder
+from services.scheduler.plan import PLACEHOLDER
 from services.scheduler.request import RequestState
 
 if TYPE_CHECKING:
@@ -27,10 +28,12 @@ def schedule_running(
     threshold = s.config.long_prefill_token_threshold
     chunked = s.config.enable_chunked_prefill
     blocks = s.blocks
-    add_row, add_req, row = b.seqs.append, b.reqs.append, ScheduledSeq
+    add_req, add_start, add_token = (
+        b.decode_reqs.append,
+        b.decode_starts.append,
+        b.decode_tokens.append,
+    )
     budget = b.budget
-    rows_before = len(b.seqs)
-    prefill_rows = 0
     # Decodes of lower priority than the waiting head (see StepBuilder.outranked_decodes).
     floor_priority = floor[0] if floor is not None else None
     b.floor_priority = floor_priority
@@ -44,13 +47,19 @@ def schedule_running(
             break
         n = req.num_computed_tokens
         if req.decoding:
-            if n >= req.capacity:
+            if n >= req.decode_limit:
+                if n >= req.last_pos:
+                    # The token a plan in flight samples is its last (max_tokens): no more rows.
+                    continue
                 if not blocks.num_free and not s.make_room(1, req):
                     break
-                req.set_blocks(req.block_ids + blocks.allocate(1))
-            add_row(row(req.request_id, req.token_ids[n:], n, req.block_table, True, req.sampling))
+                req.add_block(blocks.allocate_one())
+            # PLACEHOLDER if the plan in flight samples it (async scheduling).
+            add_token(req.last_token)
             add_req(req)
+            add_start(n)
             req.num_computed_tokens = n + 1
+            req.last_token = PLACEHOLDER
             budget -= 1
             if req.priority < below:
                 outranked += 1
@@ -69,17 +78,11 @@ def schedule_running(
             if need > blocks.num_free and not s.make_room(need, req):
                 break
             req.set_blocks(req.block_ids + blocks.allocate(need))
-        sample = end == total
-        add_row(row(req.request_id, tokens[n:end], n, req.block_table, sample, req.sampling))
-        add_req(req)
-        req.num_computed_tokens = end
-        budget -= chunk
-        prefill_rows += 1
-        b.num_prefill_tokens += chunk
-        b.note_prefill(req.priority, req.rank)
-        if sample and req.long_prefill:
+        b.budget = budget
+        b.add_prefill(req, n, end)
+        budget = b.budget
+        if end == total and req.long_prefill:
             s.long_prefills.remove(req)
     b.budget = budget
-    b.num_decode_tokens += len(b.seqs) - rows_before - prefill_rows
     b.outranked_decodes = outranked
     return deferred

@@ -135,7 +135,7 @@ class Simulation:
             StepLog(
                 self.clock.now,
                 duration,
-                len(plan.seqs),
+                plan.num_seqs,
                 plan.num_prefill_tokens,
                 plan.num_decode_tokens,
             )

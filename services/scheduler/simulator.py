@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.scheduler.plan import StepPlan, StepResult
+from services.scheduler.plan import PLACEHOLDER, StepPlan, StepResult
 from services.scheduler.request import Request
 
 # (request_id, position of the token being sampled) -> token id. Deterministic, so a run with
@@ -53,8 +53,8 @@ class CostModel:
     per_seq_s: float = 10e-6
 
     def step_time(self, plan: StepPlan) -> float:
-        compute = self.per_token_s * plan.num_tokens
-        return self.fixed_s + max(self.weights_s, compute) + self.per_seq_s * len(plan.seqs)
+        compute = self.per_token_s * plan.total_tokens
+        return self.fixed_s + max(self.weights_s, compute) + self.per_seq_s * plan.num_seqs
 
 
 def default_model(vocab_size: int = 32000) -> Model:
@@ -83,34 +83,58 @@ class SimWorker:
         self.truth: dict[str, list[int]] = {}
         self.forgotten: set[str] = set()
         self.steps = 0
+        # The last plan run and what it sampled: where placeholders in the next plan come from.
+        self.last_step = -1
+        self.last_sampled: dict[str, tuple[int, float]] = {}
 
     def register(self, request: Request) -> None:
         self.truth[request.request_id] = list(request.prompt_token_ids)
 
     def execute(self, plan: StepPlan) -> StepResult:
+        """Run a plan: plans must come in step order, and a PLACEHOLDER token becomes what
+        this worker sampled for the same request in the plan just before (step_id - 1)."""
+        if plan.step_id <= self.last_step:
+            raise SimulationError(f"step {plan.step_id} after step {self.last_step}")
+        previous = self.last_sampled if plan.step_id == self.last_step + 1 else {}
         self.steps += 1
         self.forgotten.update(plan.finished_request_ids)
         sampled: dict[str, tuple[int, float]] = {}
         seen: set[str] = set()
-        for seq in plan.seqs:
-            if seq.request_id in seen:
-                raise SimulationError(f"step {plan.step_id}: {seq.request_id} planned twice")
-            seen.add(seq.request_id)
-            end = seq.start_pos + len(seq.token_ids)
-            if not seq.token_ids or len(seq.block_table) * self.block_size < end:
+        rows = zip(
+            plan.request_ids,
+            plan.row_tokens(),
+            plan.start_pos,
+            plan.block_tables,
+            plan.sample,
+            strict=True,
+        )
+        for request_id, token_ids, start, table, sample in rows:
+            if request_id in seen:
+                raise SimulationError(f"step {plan.step_id}: {request_id} planned twice")
+            seen.add(request_id)
+            if PLACEHOLDER in token_ids:
+                if len(token_ids) != 1 or request_id not in previous:
+                    raise SimulationError(
+                        f"step {plan.step_id}: {request_id} has a placeholder, but step "
+                        f"{plan.step_id - 1} sampled nothing for it"
+                    )
+                token_ids = [previous[request_id][0]]
+            end = start + len(token_ids)
+            if not token_ids or len(table) * self.block_size < end:
                 raise SimulationError(
-                    f"step {plan.step_id}: {seq.request_id} has {len(seq.block_table)} blocks "
-                    f"for {end} tokens"
+                    f"step {plan.step_id}: {request_id} has {len(table)} blocks for {end} tokens"
                 )
             if self.check_kv:
-                self._check_and_write(seq.request_id, seq.token_ids, seq.start_pos, seq.block_table)
-            if seq.sample:
-                token_id = self.model(seq.request_id, end)
-                sampled[seq.request_id] = (token_id, -0.5)
-                truth = self.truth.get(seq.request_id)
+                self._check_and_write(request_id, token_ids, start, table)
+            if sample:
+                token_id = self.model(request_id, end)
+                sampled[request_id] = (token_id, -0.5)
+                truth = self.truth.get(request_id)
                 if truth is not None and len(truth) == end:
                     truth.append(token_id)
-        return StepResult(plan.step_id, sampled)
+        self.last_step = plan.step_id
+        self.last_sampled = sampled
+        return StepResult(plan.step_id, dict(sampled))
 
     def _check_and_write(
         self, request_id: str, token_ids: Sequence[int], start: int, table: Sequence[int]

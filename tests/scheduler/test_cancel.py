@@ -98,7 +98,7 @@ def test_the_step_contract_is_enforced() -> None:
     rig = create_rig()
     rig.add(*create_requests(1))
     plan = rig.scheduler.schedule()
-    with pytest.raises(RuntimeError, match="awaits update"):
+    with pytest.raises(RuntimeError, match="await update"):
         rig.scheduler.schedule()
     with pytest.raises(ValueError, match="result of step"):
         rig.scheduler.update(plan, StepResult(plan.step_id + 1, {}))

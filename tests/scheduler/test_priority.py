@@ -164,12 +164,12 @@ def test_no_one_is_preempted_for_a_request_that_is_passed_over_anyway() -> None:
     rig.step()
     rig.add(*create_requests(1, id_prefix="long", prompt_len=40, max_tokens=2, priority=1))
     plan, _ = rig.step()
-    # Running sequences first, then the newly admitted one; from now on, in rank order.
+    # Decode rows first, then prefill chunks.
     assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
     rig.add(*create_requests(1, id_prefix="high", prompt_len=40, max_tokens=2, priority=1))
     plan, events = rig.step()
     assert of_type(events, Preempted) == []
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("long0", 8), ("dec0", 1)]
+    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
     rig.run()
 
 

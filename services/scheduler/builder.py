@@ -1,0 +1,137 @@
+"""The step being built, in the plan's columns (see plan.py), by the passes of `schedule()`.
+
+Rows come in two sections: single-token decodes first, then prefill chunks, each in the order
+the passes add them (priority order). A decode row always has one token and always samples, so
+its section keeps only its start and its token, in flat lists the hot loop appends to; request
+ids and block tables are read off the requests in one go when the plan is made.
+Decodes first is also the order attention kernels want (vLLM reorders its batch the same way).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any
+
+from services.scheduler.plan import PLACEHOLDER, StepPlan
+from services.scheduler.request import RequestState
+
+_request_id = attrgetter("request_id")
+_block_table = attrgetter("block_table")
+
+
+class StepBuilder:
+    __slots__ = (
+        "budget",
+        "decode_reqs",
+        "decode_starts",
+        "decode_tokens",
+        "floor_priority",
+        "new_sampling",
+        "outranked_decodes",
+        "prefill_counts",
+        "prefill_reqs",
+        "prefill_samples",
+        "prefill_starts",
+        "prefill_tokens",
+        "prefill_top",
+    )
+
+    def __init__(self, budget: int) -> None:
+        # Decode rows: the request, the position of its one token, that token.
+        self.decode_reqs: list[RequestState] = []
+        self.decode_starts: list[int] = []
+        self.decode_tokens: list[int] = []
+        # Prefill rows: the request, the chunk's start, its tokens (flat) and count, whether
+        # the chunk reaches the end of the known tokens and samples.
+        self.prefill_reqs: list[RequestState] = []
+        self.prefill_starts: list[int] = []
+        self.prefill_tokens: list[int] = []
+        self.prefill_counts: list[int] = []
+        self.prefill_samples: list[bool] = []
+        # Sampling parameters of the requests admitted (or resumed) in this step.
+        self.new_sampling: dict[str, Any] = {}
+        self.budget = budget
+        # (priority, effective priority) of the most important prefill in the step so far.
+        self.prefill_top: tuple[int, float] | None = None
+        # The waiting head's priority when the step began, and how many decodes in the step
+        # are of lower priority: a prefill at that priority is not charged for them, so its
+        # step is about as long as on an idle worker (`isolate_priority_prefill`).
+        self.floor_priority: int | None = None
+        self.outranked_decodes = 0
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.decode_reqs) + len(self.prefill_reqs)
+
+    def note_prefill(self, priority: int, rank: float) -> None:
+        if self.prefill_top is None or (priority, rank) > self.prefill_top:
+            self.prefill_top = (priority, rank)
+
+    def holds_back(self, priority: int, rank: float) -> bool:
+        """Whether a prefill of this priority must wait for a step of its own: a step carrying a
+        more important prefill stays as short as that prefill. Aging lifts the hold (rank)."""
+        top = self.prefill_top
+        return top is not None and priority < top[0] and rank < top[1]
+
+    def add_prefill(self, req: RequestState, start: int, end: int) -> None:
+        tokens = req.token_ids
+        sample = end == len(tokens)
+        self.prefill_reqs.append(req)
+        self.prefill_starts.append(start)
+        self.prefill_tokens.extend(tokens[start:end])
+        self.prefill_counts.append(end - start)
+        self.prefill_samples.append(sample)
+        req.num_computed_tokens = end
+        if sample:
+            # The next row is a decode of the token this one samples.
+            req.decoding = True
+            req.last_token = PLACEHOLDER
+        self.budget -= end - start
+        self.note_prefill(req.priority, req.rank)
+
+    def remove(self, req: RequestState) -> None:
+        """Take req's row back out (if it has one), and its tokens back into the budget."""
+        self.new_sampling.pop(req.request_id, None)
+        reqs = self.decode_reqs
+        for k in range(len(reqs) - 1, -1, -1):
+            if reqs[k] is req:
+                del reqs[k], self.decode_tokens[k]
+                req.num_computed_tokens = self.decode_starts.pop(k)
+                self.budget += 1
+                return
+        reqs = self.prefill_reqs
+        for k in range(len(reqs) - 1, -1, -1):
+            if reqs[k] is req:
+                offset = sum(self.prefill_counts[:k])
+                n = self.prefill_counts.pop(k)
+                del reqs[k], self.prefill_tokens[offset : offset + n], self.prefill_samples[k]
+                req.num_computed_tokens = self.prefill_starts.pop(k)
+                self.budget += n
+                return
+
+    def plan(self, step_id: int, finished: list[str]) -> tuple[StepPlan, list[RequestState]]:
+        """The plan, and the request behind each of its rows."""
+        # The decode section's lists become the plan's: the prefill rows are appended to them.
+        num_decodes = len(self.decode_reqs)
+        reqs, tokens, starts = self.decode_reqs, self.decode_tokens, self.decode_starts
+        num_tokens, sample = [1] * num_decodes, [True] * num_decodes
+        if self.prefill_reqs:
+            reqs += self.prefill_reqs
+            tokens += self.prefill_tokens
+            starts += self.prefill_starts
+            num_tokens += self.prefill_counts
+            sample += self.prefill_samples
+        plan = StepPlan(
+            step_id,
+            list(map(_request_id, reqs)),
+            tokens,
+            num_tokens,
+            starts,
+            list(map(_block_table, reqs)),
+            sample,
+            self.new_sampling,
+            finished,
+            len(self.prefill_tokens),
+            num_decodes,
+        )
+        return plan, reqs
