@@ -101,40 +101,51 @@ def build_metadata(
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    meta: AttentionMetadata,
+    q: torch.Tensor, kv: torch.Tensor, pool: torch.Tensor, meta: AttentionMetadata
 ) -> torch.Tensor:
-    """q: (T, n_heads, hd); k, v: (T, n_kv, hd); pools: (slots, n_kv, hd). Returns (T, n_heads, hd).
+    """q: (T, n_heads, hd); kv: (T, 2, n_kv, hd); pool: (slots, 2, n_kv, hd).
+    Returns (T, n_heads, hd).
 
-    Writes the new K/V into the pools first, so chunks and decodes see their own tokens.
+    Writes the new K/V into the pool first, so chunks and decodes see their own tokens.
     """
-    k_pool.index_copy_(0, meta.slot_mapping, k)
-    v_pool.index_copy_(0, meta.slot_mapping, v)
+    pool.index_copy_(0, meta.slot_mapping, kv)
+    group = meta.decodes
+    if group is not None and not meta.prefills:
+        return _decode(q, pool, group)  # the common step: decodes only, no scatter back
     out = torch.empty_like(q)
     for span in meta.prefills:
         qs = q[span.q_start : span.q_end].transpose(0, 1)  # (n_heads, q_len, hd)
         if span.key_slots is None:
-            ks = k[span.q_start : span.q_end].transpose(0, 1)  # (n_kv, q_len, hd)
-            vs = v[span.q_start : span.q_end].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            seq_kv = kv[span.q_start : span.q_end]  # (q_len, 2, n_kv, hd)
+            o = F.scaled_dot_product_attention(
+                qs,
+                seq_kv[:, 0].transpose(0, 1),
+                seq_kv[:, 1].transpose(0, 1),
+                is_causal=True,
+                enable_gqa=True,
+            )
         else:
-            ks = k_pool.index_select(0, span.key_slots).transpose(0, 1)  # (n_kv, ctx, hd)
-            vs = v_pool.index_select(0, span.key_slots).transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, enable_gqa=True)
+            seq_kv = pool.index_select(0, span.key_slots)  # (ctx, 2, n_kv, hd)
+            o = F.scaled_dot_product_attention(
+                qs,
+                seq_kv[:, 0].transpose(0, 1),
+                seq_kv[:, 1].transpose(0, 1),
+                attn_mask=span.mask,
+                enable_gqa=True,
+            )
         out[span.q_start : span.q_end] = o.transpose(0, 1)
-    group = meta.decodes
     if group is not None:
-        b, max_ctx = group.key_slots.shape
-        flat = group.key_slots.reshape(-1)
-        ks = k_pool.index_select(0, flat).view(b, max_ctx, *k_pool.shape[1:])  # (B, ctx, n_kv, hd)
-        vs = v_pool.index_select(0, flat).view(b, max_ctx, *v_pool.shape[1:])
-        qs = q.index_select(0, group.rows)[:, :, None, :]  # (B, n_heads, 1, hd)
-        o = F.scaled_dot_product_attention(
-            qs, ks.transpose(1, 2), vs.transpose(1, 2), attn_mask=group.mask, enable_gqa=True
-        )  # (B, n_heads, 1, hd)
-        out.index_copy_(0, group.rows, o[:, :, 0, :])
+        out.index_copy_(0, group.rows, _decode(q.index_select(0, group.rows), pool, group))
     return out
+
+
+def _decode(q: torch.Tensor, pool: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+    """q: (B, n_heads, hd), one query per sequence → (B, n_heads, hd)."""
+    b, max_ctx = group.key_slots.shape
+    gathered = pool.index_select(0, group.key_slots.reshape(-1))  # (B * ctx, 2, n_kv, hd)
+    gathered = gathered.view(b, max_ctx, *pool.shape[1:]).permute(2, 0, 3, 1, 4)
+    # gathered: (2, B, n_kv, ctx, hd)
+    o = F.scaled_dot_product_attention(
+        q[:, :, None, :], gathered[0], gathered[1], attn_mask=group.mask, enable_gqa=True
+    )  # (B, n_heads, 1, hd)
+    return o[:, :, 0, :]

@@ -53,8 +53,9 @@ class Engine:
         kv_cache_bytes: int = 1 << 30,
         block_size: int = 16,
         progress: bool = True,
+        quantize: str = "auto",
     ) -> Engine:
-        loaded = load_model(path, parse_device(device), parse_dtype(dtype), progress)
+        loaded = load_model(path, parse_device(device), parse_dtype(dtype), progress, quantize)
         per_block = KVCache.bytes_per_block(loaded.config, block_size, parse_dtype(dtype))
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         return cls(loaded, max(1, min(kv_cache_bytes // per_block, 64 * max_blocks)), block_size)

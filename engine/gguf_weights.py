@@ -16,6 +16,7 @@ from gguf.quants import dequantize
 
 from engine.errors import ModelFormatError
 from engine.gguf_file import GGUFFile
+from engine.quant import Q4Blocks, q4_blocks, q8_0_as_q4_pair
 
 SUPPORTED = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
@@ -75,22 +76,46 @@ class GGUFWeights:
     def has(self, name: str) -> bool:
         return name in self.by_name
 
-    def nbytes(self) -> int:
-        return sum(int(t.n_bytes) for t in self.by_name.values())
-
     def quant_type(self, name: str) -> str:
         return self.by_name[name].tensor_type.name
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor as float32, in HF layout (out_features, in_features)."""
+        out = self._dequantize(self._tensor(name))
+        heads = self._qk_heads(name)
+        return unpermute_qk(out, heads) if heads else out
+
+    def get_int4(self, name: str) -> list[Q4Blocks] | None:
+        """The tensor as int4 matrices that sum to it (HF row order): one for Q4_0/Q4_1, two for
+        Q8_0; None for other types."""
+        tensor = self._tensor(name)
+        rows, cols = (int(d) for d in reversed(tensor.shape))
+        try:
+            if tensor.tensor_type in (Q.Q4_0, Q.Q4_1):
+                parts = [q4_blocks(tensor.data, tensor.tensor_type, (rows, cols))]
+            elif tensor.tensor_type == Q.Q8_0:
+                parts = list(q8_0_as_q4_pair(tensor.data, (rows, cols)))
+            else:
+                return None
+        except ValueError as err:
+            raise ModelFormatError(f"{self.gguf.path.name}: tensor {tensor.name}: {err}") from err
+        heads = self._qk_heads(name)
+        if heads:
+            order = unpermute_qk(torch.arange(rows, dtype=torch.float32)[:, None], heads)
+            parts = [p.rows(order[:, 0].long()) for p in parts]
+        return parts
+
+    def _tensor(self, name: str) -> ReaderTensor:
         if name not in self.by_name:
             raise ModelFormatError(f"{self.gguf.path.name}: missing tensor for {name}")
-        out = self._dequantize(self.by_name[name])
+        return self.by_name[name]
+
+    def _qk_heads(self, name: str) -> int:
         if name.endswith("q_proj.weight"):
-            out = unpermute_qk(out, self.n_heads)
-        elif name.endswith("k_proj.weight"):
-            out = unpermute_qk(out, self.n_kv_heads)
-        return out
+            return self.n_heads
+        if name.endswith("k_proj.weight"):
+            return self.n_kv_heads
+        return 0
 
     def rope_freq_factors(self) -> torch.Tensor | None:
         return None if self.rope_freqs is None else self._dequantize(self.rope_freqs)

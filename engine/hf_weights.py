@@ -41,8 +41,9 @@ class SafetensorsWeights:
     def has(self, name: str) -> bool:
         return name in self.location
 
-    def nbytes(self) -> int:
-        return sum(f.stat().st_size for f in set(self.location.values()))
+    def numel(self, name: str) -> int:
+        shape = self._handle(self.location[name]).get_slice(name).get_shape()  # type: ignore[attr-defined]
+        return int(torch.tensor(shape).prod()) if shape else 1
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.location:

@@ -8,7 +8,8 @@ from engine.config import ModelConfig
 
 
 class KVCache:
-    """Per layer, K and V pools of shape (num_blocks, block_size, n_kv_heads, head_dim).
+    """Per layer, one pool of (num_blocks * block_size, 2, n_kv_heads, head_dim): a token's K and
+    V side by side, so one index op writes or gathers both.
 
     A sequence's token at position p lives in block `block_table[p // block_size]`, at offset
     `p % block_size`; `slot = block * block_size + offset` indexes the flattened pool.
@@ -26,12 +27,12 @@ class KVCache:
             raise ValueError("KV cache needs a positive number of blocks and block size")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (config.n_layers, 2, num_blocks * block_size, config.n_kv_heads, config.head_dim)
+        shape = (config.n_layers, num_blocks * block_size, 2, config.n_kv_heads, config.head_dim)
         self.pool = torch.zeros(shape, dtype=dtype, device=device)
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flattened K and V pools of one layer, each (num_slots, n_kv_heads, head_dim)."""
-        return self.pool[index, 0], self.pool[index, 1]
+    def layer(self, index: int) -> torch.Tensor:
+        """One layer's pool, (num_slots, 2, n_kv_heads, head_dim)."""
+        return self.pool[index]
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

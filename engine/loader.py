@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from engine.config import ModelConfig
-from engine.errors import ModelFormatError, ModelNotFound
+from engine.errors import InvalidRequest, ModelNotFound
 from engine.gguf_file import open_gguf
 from engine.gguf_weights import GGUFWeights
 from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
+from engine.quant import Q4Blocks, int4_supported
 from engine.weights import build_model
+
+QUANTIZE_MODES = ("auto", "none")
 
 
 @dataclass
@@ -23,49 +26,82 @@ class LoadedModel:
     model: Transformer
     config: ModelConfig
     path: Path
-    weight_format: str  # e.g. "gguf:Q4_1" or "safetensors"
+    weight_format: str  # the file's, e.g. "gguf:Q4_1" or "safetensors"
+    linear_format: str  # how the projections are served: "int4", or the dtype's name
+
+
+class _Source:
+    """A reader seen through the load: dtype conversion, the progress bar, and 4-bit policy."""
+
+    def __init__(
+        self, reader: GGUFWeights | SafetensorsWeights, dtype: torch.dtype, bar: tqdm, keep_q4: bool
+    ) -> None:
+        self.reader, self.dtype, self.bar, self.keep_q4 = reader, dtype, bar, keep_q4
+        self.kept_q4 = 0
+
+    def has(self, name: str) -> bool:
+        return self.reader.has(name)
+
+    def get(self, name: str) -> torch.Tensor:
+        tensor = self.reader.get(name)
+        self.bar.update(tensor.numel() * 4)
+        return tensor.to(self.dtype)
+
+    def get_int4(self, name: str) -> list[Q4Blocks] | None:
+        if not self.keep_q4 or not isinstance(self.reader, GGUFWeights):
+            return None
+        parts = self.reader.get_int4(name)
+        if parts is not None:
+            self.kept_q4 += 1
+            self.bar.update(parts[0].codes.numel() * 4)
+        return parts
 
 
 def load_model(
-    path: Path, device: torch.device, dtype: torch.dtype, progress: bool = True
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool = True,
+    quantize: str = "auto",
 ) -> LoadedModel:
+    """quantize: "auto" keeps a GGUF's Q4_0/Q4_1 projections 4-bit where the device has an int4
+    kernel (CPU); "none" dequantizes everything to `dtype`."""
+    if quantize not in QUANTIZE_MODES:
+        raise InvalidRequest("quantize", f"unknown mode {quantize!r}; choose {QUANTIZE_MODES}")
     if path.is_dir():
-        return _load_hf(path, device, dtype, progress)
-    if path.is_file():
-        return _load_gguf(path, device, dtype, progress)
-    raise ModelNotFound(f"no such model file or folder: {path}")
+        config = ModelConfig.from_hf(read_config(path))
+        reader: GGUFWeights | SafetensorsWeights = SafetensorsWeights(path)
+        file_format, rope_factors = "safetensors", None
+    elif path.is_file():
+        gguf = open_gguf(path)
+        config = ModelConfig.from_gguf(gguf.metadata)
+        reader = GGUFWeights(gguf, config.n_heads, config.n_kv_heads)
+        config = replace(config, tie_embeddings=not reader.has("lm_head.weight"))
+        first = "model.layers.0.self_attn.q_proj.weight"
+        file_format = f"gguf:{reader.quant_type(first) if reader.has(first) else ''}"
+        rope_factors = reader.rope_freq_factors()
+    else:
+        raise ModelNotFound(f"no such model file or folder: {path}")
+    keep_q4 = quantize == "auto" and int4_supported(device)
+    # Progress counts float32-equivalent bytes, so 4-bit and float weights weigh alike.
+    total = sum(_numel(reader, n) for n in _names(reader)) * 4
+    with _bar(total, path.name, progress) as bar:
+        source = _Source(reader, dtype, bar, keep_q4)
+        model = build_model(config, source, device, rope_factors)
+    linear = "int4" if source.kept_q4 else str(dtype).removeprefix("torch.")
+    return LoadedModel(model, config, path, file_format, linear)
 
 
-def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, progress: bool) -> LoadedModel:
-    gguf = open_gguf(path)
-    config = ModelConfig.from_gguf(gguf.metadata)
-    weights = GGUFWeights(gguf, config.n_heads, config.n_kv_heads)
-    tied = not weights.has("lm_head.weight")
-    config = _with(config, tie_embeddings=tied)
-    kind = weights.quant_type("model.layers.0.self_attn.q_proj.weight") if config.n_layers else ""
-    with _bar(weights.nbytes(), path.name, progress) as bar:
-
-        def get(name: str) -> torch.Tensor:
-            tensor = weights.get(name).to(dtype)
-            bar.update(int(weights.by_name[name].n_bytes))
-            return tensor
-
-        model = build_model(config, get, weights.has, device, weights.rope_freq_factors())
-    return LoadedModel(model, config, path, f"gguf:{kind}")
+def _names(reader: GGUFWeights | SafetensorsWeights) -> list[str]:
+    if isinstance(reader, GGUFWeights):
+        return list(reader.by_name)
+    return list(reader.location)
 
 
-def _load_hf(path: Path, device: torch.device, dtype: torch.dtype, progress: bool) -> LoadedModel:
-    config = ModelConfig.from_hf(read_config(path))
-    weights = SafetensorsWeights(path)
-    with _bar(weights.nbytes(), path.name, progress) as bar:
-
-        def get(name: str) -> torch.Tensor:
-            tensor = weights.get(name)
-            bar.update(tensor.numel() * tensor.element_size())
-            return tensor.to(dtype)
-
-        model = build_model(config, get, weights.has, device)
-    return LoadedModel(model, config, path, "safetensors")
+def _numel(reader: GGUFWeights | SafetensorsWeights, name: str) -> int:
+    if isinstance(reader, GGUFWeights):
+        return int(reader.by_name[name].n_elements)
+    return reader.numel(name)
 
 
 def _bar(total: int, name: str, enabled: bool) -> tqdm:
@@ -78,12 +114,3 @@ def _bar(total: int, name: str, enabled: bool) -> tqdm:
         file=sys.stderr,
         leave=False,
     )
-
-
-def _with(config: ModelConfig, **changes: object) -> ModelConfig:
-    from dataclasses import replace
-
-    try:
-        return replace(config, **changes)  # type: ignore[arg-type]
-    except TypeError as err:
-        raise ModelFormatError(str(err)) from err

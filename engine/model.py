@@ -25,10 +25,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused op
         # Normalise in fp32 whatever the weights' dtype, as the reference implementation does.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -45,19 +46,18 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
+        kv_pool: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q_dim = self.n_heads * self.head_dim
-        kv_dim = self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-        q = apply_rope(q.view(t, self.n_heads, self.head_dim), cos, sin)  # (T, n_heads, hd)
-        k = apply_rope(k.view(t, self.n_kv_heads, self.head_dim), cos, sin)  # (T, n_kv, hd)
-        v = v.view(t, self.n_kv_heads, self.head_dim)  # (T, n_kv, hd)
-        out = paged_attention(q, k, v, k_pool, v_pool, meta)  # (T, n_heads, hd)
-        return self.wo(out.reshape(t, q_dim))
+        t, hd = x.shape[0], self.head_dim
+        heads = self.n_heads + 2 * self.n_kv_heads
+        qkv = self.wqkv(x).view(t, heads, hd)  # (T, n_heads + 2 n_kv, hd)
+        rope_heads = self.n_heads + self.n_kv_heads
+        qk = apply_rope(qkv[:, :rope_heads], cos, sin)  # Q and K rotated together
+        q = qk[:, : self.n_heads]  # (T, n_heads, hd)
+        kv = torch.cat([qk[:, self.n_heads :], qkv[:, rope_heads:]], dim=1)  # (T, 2 n_kv, hd)
+        out = paged_attention(q, kv.view(t, 2, self.n_kv_heads, hd), kv_pool, meta)
+        return self.wo(out.reshape(t, self.n_heads * hd))
 
 
 class FeedForward(nn.Module):
@@ -84,11 +84,10 @@ class TransformerBlock(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
+        kv_pool: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, k_pool, v_pool, meta)
+        h = x + self.attention(self.attention_norm(x), cos, sin, kv_pool, meta)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -113,8 +112,7 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens)  # (T, dim)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for i, layer in enumerate(self.layers):
-            k_pool, v_pool = kv.layer(i)
-            x = layer(x, cos, sin, k_pool, v_pool, meta)
+            x = layer(x, cos, sin, kv.layer(i), meta)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

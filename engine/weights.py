@@ -2,80 +2,117 @@
 
 Readers (GGUF, safetensors) yield tensors named as in Hugging Face's LLaMA, with Q/K rows in HF's
 rotate-half order; `build_model` fuses Q/K/V and gate/up and attaches everything with
-`assign=True`, so no memory is spent on random initialisation.
+`assign=True`, so no memory is spent on random initialisation. Projections whose GGUF blocks are
+4-bit may stay 4-bit: their `nn.Linear` is swapped for an `Int4Linear` the model never knows of.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelFormatError
 from engine.model import Transformer
+from engine.quant import Int4Linear, Q4Blocks
 from engine.rope import inverse_frequencies
 
-# Per-layer parts, by their HF names under `model.layers.{i}.`.
-LAYER_PARTS = (
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-)
+# The model's fused projections (under `layers.{i}.`) and the HF weights each one stacks.
+PROJECTIONS = {
+    "attention.wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "attention.wo": ("self_attn.o_proj",),
+    "feed_forward.w13": ("mlp.gate_proj", "mlp.up_proj"),
+    "feed_forward.w2": ("mlp.down_proj",),
+}
+NORMS = {"attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 
-Getter = Callable[[str], torch.Tensor]  # canonical (HF) name → tensor, already in the target dtype
+
+class WeightSource(Protocol):
+    def has(self, name: str) -> bool: ...
+
+    def get(self, name: str) -> torch.Tensor:
+        """The HF-named tensor in the target dtype."""
+        ...
+
+    def get_int4(self, name: str) -> list[Q4Blocks] | None:
+        """int4 matrices that sum to it, when it is stored quantized and may stay so; else None."""
+        ...
 
 
 def build_model(
     config: ModelConfig,
-    get: Getter,
-    has: Callable[[str], bool],
+    source: WeightSource,
     device: torch.device,
     rope_freq_factors: torch.Tensor | None = None,
 ) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
-    state: dict[str, torch.Tensor] = {"tok_embeddings.weight": get("model.embed_tokens.weight")}
+    state = {"tok_embeddings.weight": source.get("model.embed_tokens.weight")}
+    swapped: dict[str, Int4Linear] = {}
     for i in range(config.n_layers):
-
-        def part(name: str, i: int = i) -> torch.Tensor:
-            return get(f"model.layers.{i}.{name}")
-
-        prefix = f"layers.{i}."
-        state[prefix + "attention.wqkv.weight"] = torch.cat(
-            [
-                part("self_attn.q_proj.weight"),
-                part("self_attn.k_proj.weight"),
-                part("self_attn.v_proj.weight"),
-            ]
-        )
-        state[prefix + "attention.wo.weight"] = part("self_attn.o_proj.weight")
-        state[prefix + "feed_forward.w13.weight"] = torch.cat(
-            [part("mlp.gate_proj.weight"), part("mlp.up_proj.weight")]
-        )
-        state[prefix + "feed_forward.w2.weight"] = part("mlp.down_proj.weight")
-        state[prefix + "attention_norm.weight"] = part("input_layernorm.weight")
-        state[prefix + "ffn_norm.weight"] = part("post_attention_layernorm.weight")
-    state["norm.weight"] = get("model.norm.weight")
-    if has("lm_head.weight") and not config.tie_embeddings:
-        state["output.weight"] = get("lm_head.weight")
+        for path, parts in PROJECTIONS.items():
+            names = [f"model.layers.{i}.{part}.weight" for part in parts]
+            int4 = _fused_int4([source.get_int4(name) for name in names])
+            if int4 is not None:
+                swapped[f"layers.{i}.{path}"] = int4
+            else:
+                state[f"layers.{i}.{path}.weight"] = torch.cat([source.get(n) for n in names])
+        for ours, theirs in NORMS.items():
+            state[f"layers.{i}.{ours}.weight"] = source.get(f"model.layers.{i}.{theirs}.weight")
+    state["norm.weight"] = source.get("model.norm.weight")
+    head = (
+        "lm_head.weight"
+        if source.has("lm_head.weight") and not config.tie_embeddings
+        else ("model.embed_tokens.weight")
+    )
+    output = _fused_int4([source.get_int4(head)])
+    if output is not None:
+        swapped["output"] = output  # tied or not, the embedding lookup keeps its float table
+    elif head == "lm_head.weight":
+        state["output.weight"] = source.get(head)
     else:
         state["output.weight"] = state["tok_embeddings.weight"]
     _check_shapes(model, state)
-    model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True, strict=True)
-    if state["output.weight"] is state["tok_embeddings.weight"]:
+    for path, module in swapped.items():
+        parent, _, name = path.rpartition(".")
+        parent_module = model.get_submodule(parent) if parent else model
+        expected = model.get_submodule(path)
+        if (module.out_features, module.in_features) != (
+            expected.out_features,
+            expected.in_features,
+        ):
+            raise ModelFormatError(f"4-bit weight {path} does not match the config's shape")
+        setattr(parent_module, name, module.to(device))
+    missing, unexpected = model.load_state_dict(
+        {k: v.to(device) for k, v in state.items()}, assign=True, strict=False
+    )
+
+    def is_swapped(key: str) -> bool:
+        return any(key.startswith(path + ".") for path in swapped)
+
+    if unexpected or not all(is_swapped(k) for k in missing):
+        raise ModelFormatError(f"weights do not fit the model: missing {missing[:3]}")
+    if state.get("output.weight") is state["tok_embeddings.weight"]:
         model.output.weight = model.tok_embeddings.weight  # tied: one tensor, not two copies
     inv_freq = inverse_frequencies(
         config.head_dim, config.rope_theta, config.rope_scaling, rope_freq_factors
     )
     model.inv_freq = inv_freq.to(device)
     return model.requires_grad_(False).eval()
+
+
+def _fused_int4(tensors: list[list[Q4Blocks] | None]) -> Int4Linear | None:
+    """One int4 layer stacking the rows of several tensors, if all are int4 alike; else None."""
+    if any(t is None for t in tensors):
+        return None
+    parts = [t for t in tensors if t is not None]
+    if len({len(t) for t in parts}) != 1:
+        return None  # e.g. Q4 and Q8_0 mixed in one fused projection: keep it float
+    rows = sum(t[0].shape[0] for t in parts)
+    if not Int4Linear.fits(rows, parts[0][0].shape[1]):
+        return None
+    return Int4Linear(*(Q4Blocks.cat([t[j] for t in parts]) for j in range(len(parts[0]))))
 
 
 def _check_shapes(model: Transformer, state: dict[str, torch.Tensor]) -> None:

@@ -32,7 +32,8 @@ def reference(default_gguf: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def engine(default_gguf: Path) -> Engine:
-    return Engine.from_path(default_gguf, kv_cache_bytes=64 << 20, progress=False)
+    # Dequantized fp32, as transformers serves it: the comparison is exact up to rounding.
+    return Engine.from_path(default_gguf, kv_cache_bytes=64 << 20, progress=False, quantize="none")
 
 
 @pytest.fixture(scope="module")

@@ -142,15 +142,21 @@ def reference_model(weights: dict[str, np.ndarray], rope_scaling: dict | None = 
     return model
 
 
-def check_against_reference(path: Path, reference) -> None:  # type: ignore[no-untyped-def]
+def logits_of(path: Path, reference, quantize: str) -> tuple[torch.Tensor, torch.Tensor, str]:  # type: ignore[no-untyped-def]
     from engine.batch import SeqInput
     from engine.engine import Engine
 
-    engine = Engine(load_model(path, torch.device("cpu"), torch.float32, progress=False), 16, 16)
+    loaded = load_model(path, torch.device("cpu"), torch.float32, False, quantize)
+    engine = Engine(loaded, 16, 16)
     ids = torch.randint(0, VOCAB, (90,), generator=torch.Generator().manual_seed(0)).tolist()
     ours = engine.model.logits(engine.forward([SeqInput("s", ids, 0, list(range(6)))]))
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits[0]
+    return ours, expected, loaded.linear_format
+
+
+def check_against_reference(path: Path, reference) -> None:  # type: ignore[no-untyped-def]
+    ours, expected, _ = logits_of(path, reference, "none")
     assert float((ours - expected).abs().max() / expected.abs().max()) <= 1e-4
 
 
@@ -166,6 +172,17 @@ def test_every_supported_type_loads_like_transformers(tmp_path: Path, qtype: Q) 
     assert load_model(path, torch.device("cpu"), torch.float32, False).weight_format == (
         f"gguf:{qtype.name}"
     )
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_quantized_weights_stay_quantized_on_cpu(tmp_path: Path, qtype: Q) -> None:
+    """The int4 path serves the very same weights, with bf16 matmul inputs: bf16-level error."""
+    path = tmp_path / f"kept-{qtype.name}.gguf"
+    reference = reference_model(write_gguf(path, qtype))
+    ours, expected, linear = logits_of(path, reference, "auto")
+    assert linear == "int4"
+    assert float((ours - expected).abs().max() / expected.abs().max()) <= 3e-2
+    assert float((ours.argmax(-1) == expected.argmax(-1)).float().mean()) >= 0.9
 
 
 def test_rope_freqs_tensor_applies_llama3_scaling(tmp_path: Path) -> None:
