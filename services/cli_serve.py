@@ -62,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=300.0,
         help="seconds each process may take to become healthy",
     )
+    _add_telemetry_arguments(p)
     p.add_argument(
         "--demo",
         metavar="PROMPT",
@@ -70,12 +71,63 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
+def _add_telemetry_arguments(p: argparse.ArgumentParser) -> None:
+    from services.telemetry.config import PROTOCOLS, SAMPLERS
+
+    g = p.add_argument_group(
+        "observability",
+        "Unset tracing flags leave each process to read the standard OTEL_* variables itself.",
+    )
+    g.add_argument(
+        "--otlp-endpoint",
+        help="send traces over OTLP here, e.g. http://localhost:4317 "
+        "(default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)",
+    )
+    g.add_argument("--otlp-protocol", choices=PROTOCOLS, help="default grpc")
+    g.add_argument("--trace-sampler", choices=SAMPLERS, help="default parentbased_always_on")
+    g.add_argument("--trace-sampler-arg", type=float, help="ratio of the traceidratio samplers")
+    g.add_argument(
+        "--service-name-prefix",
+        help="service names are PREFIX-tokenizer, PREFIX-scheduler, PREFIX-worker "
+        "(default $OTEL_SERVICE_NAME, or tandem)",
+    )
+    g.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="no Prometheus endpoints (by default each process serves /metrics on a free port)",
+    )
+    g.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoints")
+
+
+def _telemetry_args(args: argparse.Namespace, role: str, metrics_port: int) -> list[str]:
+    out = ["--service-name", f"{args.service_name_prefix}-{role}"]
+    for flag, value in (
+        ("--otlp-endpoint", args.otlp_endpoint),
+        ("--otlp-protocol", args.otlp_protocol),
+        ("--trace-sampler", args.trace_sampler),
+        ("--trace-sampler-arg", args.trace_sampler_arg),
+    ):
+        if value is not None:
+            out += [flag, str(value)]
+    if metrics_port:
+        out += ["--metrics-port", str(metrics_port), "--metrics-host", args.metrics_host]
+    return out
+
+
+def _metrics_url(args: argparse.Namespace, port: int) -> str:
+    return f"http://{args.metrics_host}:{port}/metrics" if port else ""
+
+
 def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
     from services.launcher import ProcessSpec, free_port
+
+    def metrics_port() -> int:
+        return 0 if args.no_metrics else free_port(args.metrics_host)
 
     worker_port = args.worker_port or free_port()
     scheduler_port = args.scheduler_port or free_port()
     common = ["--model", args.model, "--home", str(args.home)]
+    worker_metrics, scheduler_metrics = metrics_port(), metrics_port()
     specs = [
         ProcessSpec(
             "worker",
@@ -90,9 +142,11 @@ def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
                 args.dtype,
                 "--kv-cache-mb",
                 str(args.kv_cache_mb),
+                *_telemetry_args(args, "worker", worker_metrics),
             ],
             f"127.0.0.1:{worker_port}",
             stop_grace_s=10.0,
+            metrics_url=_metrics_url(args, worker_metrics),
         ),
         ProcessSpec(
             "scheduler",
@@ -112,13 +166,16 @@ def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
                 str(args.max_queued_requests),
                 "--max-wait-us",
                 str(args.max_wait_us),
+                *_telemetry_args(args, "scheduler", scheduler_metrics),
             ],
             f"127.0.0.1:{scheduler_port}",
             stop_grace_s=10.0,
+            metrics_url=_metrics_url(args, scheduler_metrics),
         ),
     ]
     for i in range(1, args.tokenizers + 1):
         admin = free_port()
+        tokenizer_metrics = metrics_port()
         specs.append(
             ProcessSpec(
                 f"tokenizer-{i}",
@@ -135,9 +192,11 @@ def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
                     f"127.0.0.1:{scheduler_port}",
                     "--transport",
                     args.transport,
+                    *_telemetry_args(args, "tokenizer", tokenizer_metrics),
                 ],
                 f"127.0.0.1:{admin}",
                 stop_grace_s=15.0,
+                metrics_url=_metrics_url(args, tokenizer_metrics),
             )
         )
     return specs
@@ -152,6 +211,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tokenizers < 1:
         print("tandem serve: error: --tokenizers must be at least 1", file=sys.stderr)
         return 2
+    # Read here, the launcher's edge: its children are given names, not this variable.
+    args.service_name_prefix = (
+        args.service_name_prefix or os.environ.get("OTEL_SERVICE_NAME") or "tandem"
+    )
+    if args.trace_sampler_arg is not None and not 0.0 <= args.trace_sampler_arg <= 1.0:
+        print("tandem serve: error: --trace-sampler-arg must be in [0, 1]", file=sys.stderr)
+        return 2
     registry.resolve(args.model, args.home)  # fetch a named model once, before any process starts
     setup_logging("launcher")
     return run(lambda: _supervise(args))
@@ -165,7 +231,8 @@ async def _supervise(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    supervisor = Supervisor(_specs(args), child_env(), args.ready_timeout)
+    specs = _specs(args)
+    supervisor = Supervisor(specs, child_env(), args.ready_timeout)
     try:
         starting = asyncio.create_task(supervisor.start_all())
         stopped = asyncio.create_task(stop.wait())
@@ -174,6 +241,10 @@ async def _supervise(args: argparse.Namespace) -> int:
             starting.cancel()
             return 130
         starting.result()
+        for spec in specs:
+            if spec.metrics_url:
+                log.info("%s metrics at %s", spec.name, spec.metrics_url)
+                print(f"metrics {spec.name} {spec.metrics_url}", flush=True)
         address = f"{args.host}:{args.port}"
         print(
             f"tandem serving {args.model} at {address} "

@@ -55,6 +55,7 @@ class ProcessSpec:
     args: list[str]
     health_address: str
     stop_grace_s: float
+    metrics_url: str = ""  # its Prometheus endpoint, if it serves one
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """`tandem serve` as a real subprocess, for end-to-end tests and benchmarks.
 
-Free ports are picked per pipeline, the environment is copied (never mutated), readiness is the
-launcher's "tandem serving" line, and a launcher that exits while starting fails the test at once
-with the tail of its log.
+Free ports are picked per pipeline, the environment is copied (never mutated; `env` adds to the
+copy), readiness is the launcher's "tandem serving" line, and a launcher that exits while
+starting fails the test at once with the tail of its log. The lines before it name each
+process's metrics endpoint.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.launcher import free_port
@@ -32,6 +33,8 @@ class Pipeline:
     worker_address: str
     proc: subprocess.Popen[str]
     log_path: Path
+    # Process name ("worker", "scheduler", "tokenizer-1", ...) -> its /metrics URL.
+    metrics: dict[str, str] = field(default_factory=dict)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -54,7 +57,9 @@ def shm_names_of(pids: list[int]) -> list[str]:
 
 
 @contextmanager
-def pipeline(log_dir: Path, *flags: str) -> Iterator[Pipeline]:
+def pipeline(
+    log_dir: Path, *flags: str, env: Mapping[str, str] | None = None
+) -> Iterator[Pipeline]:
     port, sched, worker = free_port(), free_port(), free_port()
     log_path = log_dir / f"serve-{port}.log"
     cmd = [
@@ -70,9 +75,9 @@ def pipeline(log_dir: Path, *flags: str) -> Iterator[Pipeline]:
         str(worker),
         *flags,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=child_env)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -99,6 +104,9 @@ def pipeline(log_dir: Path, *flags: str) -> Iterator[Pipeline]:
                 )
             if line.startswith("tandem serving"):
                 break
+            if line.startswith("metrics "):
+                _, name, url = line.split()
+                running.metrics[name] = url
         yield running
     finally:
         if proc.poll() is None:

@@ -49,10 +49,13 @@ async def start_server(
     serving: bool = True,
     reuse_port: bool = False,
     admin_address: str | None = None,
+    interceptors: Sequence[aio.ServerInterceptor] = (),
 ) -> RunningServer:
-    """Start a server on `address` ("host:port", port 0 picks one) with health and reflection."""
+    """Start a server on `address` ("host:port", port 0 picks one) with health and reflection.
+
+    `interceptors` run outside the error interceptor (tracing sees the status it sets)."""
     server = aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=[*interceptors, ErrorInterceptor()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
 from services.scheduler.config import SchedulerConfig
 from services.server import run, setup_logging, start_server, stop_event_on_signals
+from services.telemetry import config as telemetry_config
+from services.telemetry.config import TelemetryConfig
 from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -23,6 +27,7 @@ class SchedulerProcessConfig:
     worker: str
     shared_memory: bool
     policy: dict[str, object]  # SchedulerConfig fields other than the KV pool's
+    telemetry: TelemetryConfig
 
     @property
     def address(self) -> str:
@@ -77,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         default=defaults["aging_per_s"],
         help="priority levels a waiting request gains per second",
     )
+    env = dict(os.environ)
+    telemetry_config.add_arguments(parser, env, "scheduler")
     args = parser.parse_args(argv)
     policy = {
         "max_num_seqs": args.max_num_seqs,
@@ -94,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         worker=args.worker,
         shared_memory=args.transport == "shm",
         policy=policy,
+        telemetry=telemetry_config.from_args(args, env),
     )
 
 
@@ -102,14 +110,26 @@ async def serve(config: SchedulerProcessConfig) -> int:
     from services.scheduler.routes import Routes
     from services.scheduler.service import SchedulerServicer
     from services.scheduler.worker_link import WorkerLink
+    from services.telemetry.metrics_server import MetricsServer
+    from services.telemetry.scheduler_metrics import SchedulerMetrics
+    from services.telemetry.scheduler_telemetry import SchedulerTelemetry
+    from services.telemetry.tracing import Tracing
     from shm.reader import Reader
     from shm.reaper import reap
 
     stop = stop_event_on_signals()
     reap()  # what crashed processes of an earlier run left in /dev/shm
+    tracing = Tracing.start(config.telemetry)
+    metrics = SchedulerMetrics()
+    metrics_server = MetricsServer.start(
+        config.telemetry.metrics_host, config.telemetry.metrics_port, metrics.registry
+    )
     reader = Reader()
     loop = StepLoop(
-        WorkerLink(config.worker, config.shared_memory), Routes(), config.scheduler_config
+        WorkerLink(config.worker, config.shared_memory),
+        Routes(),
+        config.scheduler_config,
+        SchedulerTelemetry(tracing, metrics),
     )
     servicer = SchedulerServicer(loop, reader, int(config.policy["max_waiting_requests"]))  # type: ignore[call-overload]
     service = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
@@ -118,6 +138,7 @@ async def serve(config: SchedulerProcessConfig) -> int:
         lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, s),
         [service],
         serving=False,
+        interceptors=tracing.server_interceptors,
     )
     log.info("scheduler on port %d, waiting for the worker at %s", server.port, config.worker)
     await loop.start()
@@ -128,6 +149,9 @@ async def serve(config: SchedulerProcessConfig) -> int:
     await server.stop(grace=5.0)
     await loop.stop()
     reader.close()
+    if metrics_server is not None:
+        metrics_server.stop()
+    await asyncio.to_thread(tracing.shutdown)
     return 0
 
 

@@ -20,6 +20,7 @@ from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
 from services.scheduler.routes import Routes
 from services.scheduler.worker_link import WorkerGone, WorkerLink
+from services.telemetry.scheduler_telemetry import SchedulerTelemetry
 from tandem.internal.v1 import hotpath_pb2 as hp
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,12 @@ class StepLoop:
         link: WorkerLink,
         routes: Routes,
         make_config: Callable[[hp.ModelDescription], SchedulerConfig],
+        telemetry: SchedulerTelemetry | None = None,
     ) -> None:
         self.link = link
         self.routes = routes
         self.make_config = make_config
+        self.telemetry = telemetry or SchedulerTelemetry()
         self.core: Scheduler | None = None
         self.model: hp.ModelDescription | None = None
         self.records: dict[str, RequestRecord] = {}
@@ -65,6 +68,7 @@ class StepLoop:
         self.model = await self.link.connect()
         # A new worker has an empty KV cache: the accounts start over.
         self.core = Scheduler(self.make_config(self.model))
+        self.telemetry.on_model(self.model.name)
         self.ready.set()
         log.info(
             "worker ready: %s, %d KV blocks of %d",
@@ -89,6 +93,14 @@ class StepLoop:
 
             raise Unavailable("the worker is (re)starting; try again shortly")
         self.core.add_request(request)  # raises QueueFull / InvalidRequest
+        self.telemetry.on_submit(
+            record.request_id,
+            record.traceparent,
+            prompt_tokens=record.prompt_len,
+            max_tokens=request.max_tokens,
+            priority=request.priority,
+            session_id=request.session_id or "",
+        )
         self.records[record.request_id] = record
         self.by_seq[record.seq_id] = record
         self.wake.set()
@@ -117,8 +129,11 @@ class StepLoop:
                 continue
             plan = core.schedule()
             self._route(core.drain_events())
+            stats = core.stats()
+            self.telemetry.on_stats(stats)
             if not plan.is_empty:
                 desc = encode_plan(plan, self.records, self.finishing)
+                self.telemetry.on_plan(plan, desc, stats)
                 self._forget_finished()
                 self.in_flight = plan
                 try:
@@ -142,6 +157,7 @@ class StepLoop:
                 continue
             if outcome.error:
                 log.warning("step %d: %s", outcome.step_id, outcome.error)
+            self.telemetry.on_outcome(self.link.sent_ns, outcome)
             result, top = decode_outcome(outcome, self.by_seq)
             self.in_flight = None
             self._route(core.update(plan, result), top, outcome.step_id)
@@ -165,6 +181,7 @@ class StepLoop:
     def _route(self, events: list[Event], top: TopLogprobs | None = None, step_id: int = 0) -> None:
         if not events:
             return
+        self.telemetry.on_events(events)
         batches: dict[str, hp.EventBatch] = {}
         entries: dict[str, hp.RequestEvents] = {}
 
@@ -202,6 +219,7 @@ class StepLoop:
                 e = entry(event.request_id)
                 if e is not None:
                     e.cached_prompt_tokens = event.num_cached_tokens
+                    e.queue_s = event.queue_s
         if self.core is not None:
             stats = self.core.stats()
             for batch in batches.values():

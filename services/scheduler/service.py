@@ -12,6 +12,7 @@ from services.errors import InvalidArgument, ServiceError, Unavailable
 from services.scheduler.codec import RequestRecord
 from services.scheduler.loop import StepLoop
 from services.scheduler.request import Request
+from services.telemetry.propagation import current_traceparent
 from shm.errors import ShmError
 from shm.handle import Handle
 from shm.reader import Reader
@@ -72,7 +73,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             prompt_handle=request.prompt_handle,
             prompt_ids=[] if request.prompt_handle else prompt,
             sampling=request.sampling,
-            traceparent=request.traceparent,
+            # The tokenizer's request span; else whatever context the call's metadata brought.
+            traceparent=request.traceparent or current_traceparent(),
         )
         self.loop.submit(
             record,

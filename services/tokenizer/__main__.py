@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import socket
@@ -14,6 +15,8 @@ from pathlib import Path
 from engine import registry
 from engine.errors import EngineError
 from services.server import run, setup_logging, start_server, stop_event_on_signals
+from services.telemetry import config as telemetry_config
+from services.telemetry.config import TelemetryConfig
 from tandem.v1 import generation_pb2, generation_pb2_grpc
 
 log = logging.getLogger("tandem.tokenizer")
@@ -31,6 +34,7 @@ class TokenizerConfig:
     shared_memory: bool
     arena_bytes: int
     tokenizer_id: str
+    telemetry: TelemetryConfig
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -72,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> TokenizerConfig:
         type=Path,
         default=Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser(),
     )
+    env = dict(os.environ)
+    telemetry_config.add_arguments(parser, env, "tokenizer")
     args = parser.parse_args(argv)
     model_path = registry.resolve(args.model, args.home)
     tokenizer_path = registry.resolve(args.tokenizer, args.home) if args.tokenizer else model_path
@@ -86,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> TokenizerConfig:
         shared_memory=args.transport == "shm",
         arena_bytes=args.arena_mb << 20,
         tokenizer_id=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        telemetry=telemetry_config.from_args(args, env),
     )
 
 
@@ -93,24 +100,45 @@ async def serve(config: TokenizerConfig) -> int:
     from grpc import aio
 
     from engine.tokenizer import load_tokenizer
+    from services.telemetry.generate_trace import GenerateTelemetry
+    from services.telemetry.metrics_server import MetricsServer
+    from services.telemetry.tokenizer_metrics import TokenizerMetrics
+    from services.telemetry.tracing import Tracing
     from services.tokenizer.events import EventRouter
     from services.tokenizer.service import GenerationServicer
     from shm.arena import Arena
     from tandem.internal.v1 import scheduler_pb2_grpc
 
     stop = stop_event_on_signals()
+    tracing = Tracing.start(config.telemetry)
+    metrics = TokenizerMetrics(config.model_name)
     tokenizer = load_tokenizer(config.tokenizer_path)
     arena = Arena.create(config.arena_bytes) if config.shared_memory else None
+    if arena is not None:
+        capacity = arena.free_bytes
+        in_use = metrics.shm_in_use.labels(config.model_name, "prompt_arena")
+        in_use.set_function(lambda: capacity - arena.free_bytes)
+    metrics_server = MetricsServer.start(
+        config.telemetry.metrics_host, config.telemetry.metrics_port, metrics.registry
+    )
     channel = aio.insecure_channel(
         config.scheduler,
         options=[
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ],
+        interceptors=tracing.client_interceptors,
     )
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     router = EventRouter(stub, config.tokenizer_id, arena)
-    servicer = GenerationServicer(tokenizer, config.model_name, stub, router, arena)
+    servicer = GenerationServicer(
+        tokenizer,
+        config.model_name,
+        stub,
+        router,
+        arena,
+        GenerateTelemetry(tracing, metrics, config.model_name),
+    )
     service = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
     server = await start_server(
         config.address,
@@ -136,6 +164,9 @@ async def serve(config: TokenizerConfig) -> int:
     await channel.close()
     if arena is not None:
         arena.close()
+    if metrics_server is not None:
+        metrics_server.stop()
+    await asyncio.to_thread(tracing.shutdown)
     return 0
 
 

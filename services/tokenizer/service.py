@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import numpy as np
 from grpc import aio
@@ -13,6 +14,7 @@ from engine.errors import InvalidRequest
 from engine.tokenizer import Tokenizer
 from services.convert import sampling_to_pb
 from services.errors import ResourceExhausted, ServiceError, Unavailable
+from services.telemetry.generate_trace import GenerateCall, GenerateTelemetry
 from services.tokenizer.events import EventRouter
 from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
 from services.tokenizer.stream import TextStream
@@ -38,12 +40,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         stub: scheduler_pb2_grpc.SchedulerStub,
         router: EventRouter,
         arena: Arena | None,
+        telemetry: GenerateTelemetry,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.stub = stub
         self.router = router
         self.arena = arena
+        self.telemetry = telemetry
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -54,13 +58,39 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        call = self.telemetry.begin(context.invocation_metadata())
+        try:
+            # Closed explicitly, so a client that goes away cancels the work at once.
+            async with contextlib.aclosing(self._generate(request, context, call)) as replies:
+                async for reply in replies:
+                    yield reply
+        except BaseException as err:
+            call.fail(err)
+            raise
+        finally:
+            call.end()
+
+    async def _generate(
+        self, request: pb.GenerateRequest, context: aio.ServicerContext, call: GenerateCall
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         if not self.router.attached.is_set():
             raise Unavailable("the scheduler is (re)starting; try again shortly")
         spec = parse_generate(request, self.model_name, self.tokenizer.vocab_size, self.max_seq_len)
+        call.on_request(
+            request_id=spec.request_id,
+            chat=spec.messages is not None,
+            temperature=spec.sampling.temperature,
+            top_p=spec.sampling.top_p,
+            top_k=spec.sampling.top_k,
+            seed=spec.sampling.seed,
+            priority=spec.priority,
+            session_id=spec.session_id,
+        )
         limit = self.router.max_queued_requests
         if limit and self.router.waiting >= limit:
             raise ResourceExhausted(f"{self.router.waiting} requests are already waiting")
-        prompt_ids = await self._tokenize(spec)
+        with call.phase("tokenize"):
+            prompt_ids = await self._tokenize(spec)
         max_tokens = self._max_tokens(spec, len(prompt_ids))
         stop_ids = spec.stop_token_ids | (
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
@@ -69,17 +99,27 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         queue = self.router.open(spec.request_id, handle)
         submitted = finished = False
         try:
-            await self._submit(spec, prompt_ids, handle, max_tokens, stop_ids, context)
+            await self._submit(spec, prompt_ids, handle, max_tokens, stop_ids, context, call)
             submitted = True
-            yield pb.GenerateResponse(request_id=spec.request_id, prompt_token_ids=prompt_ids)
+            call.on_submitted(len(prompt_ids), max_tokens)
+            yield pb.GenerateResponse(
+                request_id=spec.request_id, trace_id=call.trace_id, prompt_token_ids=prompt_ids
+            )
             stream = TextStream(
                 self.tokenizer, spec.request_id, spec.stop_strings, stop_ids, spec.sampling.logprobs
             )
             while not finished:
-                reply = stream.on_events(await queue.get())
+                events = await queue.get()
+                reply = stream.on_events(events)
+                call.on_tokens(len(reply.token_ids), events.queue_s)
                 if reply.finish_reason:
                     reply.usage.prompt_tokens = len(prompt_ids)
                     finished = True
+                    call.finish(
+                        reply.finish_reason,
+                        reply.usage.completion_tokens,
+                        reply.usage.cached_prompt_tokens,
+                    )
                 yield reply
             if stream.hit_stop_string:
                 finished = False  # the scheduler is still generating: cancel it below
@@ -88,7 +128,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 self.router.close(spec.request_id)
                 if not finished:
                     # The client went away, or a stop string ended it: stop the work too.
-                    task = asyncio.create_task(self._cancel(spec.request_id))
+                    with call.active():  # the task copies the context: Cancel joins the trace
+                        task = asyncio.create_task(self._cancel(spec.request_id))
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
             else:
@@ -146,6 +187,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         max_tokens: int,
         stop_ids: frozenset[int],
         context: aio.ServicerContext,
+        call: GenerateCall,
     ) -> None:
         remaining = context.time_remaining()
         submit = spb.SubmitRequest(
@@ -158,13 +200,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             priority=spec.priority,
             session_id=spec.session_id or "",
             timeout_s=remaining if remaining is not None else 0.0,
+            traceparent=call.traceparent,
         )
         if handle is not None:
             submit.prompt_handle = handle.to_bytes()
         else:
             submit.prompt_ids.ids.extend(prompt_ids)
         try:
-            await self.stub.Submit(submit)
+            with call.active():  # the client interceptor puts the trace in the call's metadata
+                await self.stub.Submit(submit)
         except aio.AioRpcError as err:
             raise ServiceError(err.details() or err.code().name, code=err.code()) from None
 

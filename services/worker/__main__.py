@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -11,13 +12,15 @@ from pathlib import Path
 from engine import registry
 from engine.errors import EngineError
 from services.server import run, setup_logging, start_server, stop_event_on_signals
+from services.telemetry import config as telemetry_config
+from services.telemetry.config import TelemetryConfig
 from services.worker.config import WorkerConfig
 from tandem.internal.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("tandem.worker")
 
 
-def parse_args(argv: list[str] | None = None) -> WorkerConfig:
+def parse_args(argv: list[str] | None = None) -> tuple[WorkerConfig, TelemetryConfig]:
     parser = argparse.ArgumentParser(prog="python -m services.worker", description=__doc__)
     parser.add_argument("--model", default=os.environ.get("TANDEM_MODEL", registry.DEFAULT_MODEL))
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback default)")
@@ -31,8 +34,10 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
         type=Path,
         default=Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser(),
     )
+    env = dict(os.environ)
+    telemetry_config.add_arguments(parser, env, "worker")
     args = parser.parse_args(argv)
-    return WorkerConfig(
+    worker = WorkerConfig(
         model_path=registry.resolve(args.model, args.home),
         model_name=args.model,
         host=args.host,
@@ -42,14 +47,21 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
         kv_cache_bytes=args.kv_cache_mb << 20,
         block_size=args.block_size,
     )
+    return worker, telemetry_config.from_args(args, env)
 
 
-async def serve(config: WorkerConfig) -> int:
+async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
     from engine.engine import Engine
+    from services.telemetry.metrics_server import MetricsServer
+    from services.telemetry.step_telemetry import StepTelemetry
+    from services.telemetry.tracing import Tracing
+    from services.telemetry.worker_metrics import WorkerMetrics
     from services.worker.service import WorkerServicer
     from shm.reader import Reader
 
     stop = stop_event_on_signals()
+    tracing = Tracing.start(telemetry)
+    metrics = WorkerMetrics(config.model_name)
     engine = Engine.from_path(
         config.model_path,
         config.device,
@@ -59,7 +71,10 @@ async def serve(config: WorkerConfig) -> int:
         progress=False,
     )
     reader = Reader()
-    servicer = WorkerServicer(engine, config.model_name, reader)
+    servicer = WorkerServicer(engine, config.model_name, reader, StepTelemetry(tracing, metrics))
+    metrics_server = MetricsServer.start(
+        telemetry.metrics_host, telemetry.metrics_port, metrics.registry
+    )
     service = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
     server = await start_server(
         config.address,
@@ -79,17 +94,20 @@ async def serve(config: WorkerConfig) -> int:
     servicer.stop_loop()
     await server.stop(grace=2.0)
     reader.close()
+    if metrics_server is not None:
+        metrics_server.stop()
+    await asyncio.to_thread(tracing.shutdown)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging("worker")
     try:
-        config = parse_args(argv)
+        config, telemetry = parse_args(argv)
     except (EngineError, ValueError) as err:
         print(f"worker: error: {err}", file=sys.stderr)
         return 2
-    return run(lambda: serve(config))
+    return run(lambda: serve(config, telemetry))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
 from services.convert import sampling_from_pb
+from services.telemetry.step_telemetry import StepTelemetry
 from shm.errors import ShmError
 from shm.handle import Handle
 from shm.reader import Reader
@@ -29,12 +30,30 @@ class SeqState:
 class StepRunner:
     """Keeps per-sequence state (prompt source, sampling) between steps, keyed by seq id."""
 
-    def __init__(self, engine: Engine, reader: Reader) -> None:
+    def __init__(
+        self, engine: Engine, reader: Reader, telemetry: StepTelemetry | None = None
+    ) -> None:
         self.engine = engine
         self.reader = reader
+        self.telemetry = telemetry or StepTelemetry()
         self.seqs: dict[int, SeqState] = {}
 
+    def reset(self) -> None:
+        """A new scheduler attached: no sequence carries over."""
+        self.seqs.clear()
+        self.telemetry.reset()
+
     def run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
+        started, span = self.telemetry.begin(desc)
+        try:
+            outcome = self._run(desc)
+        except BaseException as err:
+            self.telemetry.end(started, span, desc, None, err)
+            raise
+        self.telemetry.end(started, span, desc, outcome)
+        return outcome
+
+    def _run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
         started = time.perf_counter()
         outcome = hp.StepOutcome(step_id=desc.step_id)
         for seq_id in desc.finished_seq_ids:

@@ -17,6 +17,7 @@ from grpc import aio
 
 from engine.engine import Engine
 from services.errors import InvalidArgument, Unavailable
+from services.telemetry.step_telemetry import StepTelemetry
 from services.worker.runner import StepRunner
 from shm.consumer import RingConsumer
 from shm.errors import PeerGone, ShmError
@@ -74,10 +75,16 @@ class RingLoop(threading.Thread):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, engine: Engine, model_name: str, reader: Reader) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        reader: Reader,
+        telemetry: StepTelemetry | None = None,
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
-        self.runner = StepRunner(engine, reader)
+        self.runner = StepRunner(engine, reader, telemetry)
         self.lock = threading.Lock()
         self.loop: RingLoop | None = None
         self.generation = time.time_ns()
@@ -106,7 +113,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise InvalidArgument("step_ring", "is required")
         self.stop_loop()
         with self.lock:
-            self.runner.seqs.clear()  # a new scheduler: no sequence carries over
+            self.runner.reset()  # a new scheduler: no sequence carries over
         try:
             self.loop = RingLoop(self.runner, self.lock, request.step_ring)
         except ShmError as err:

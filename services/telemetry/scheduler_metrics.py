@@ -1,0 +1,139 @@
+"""The scheduler's metrics: its queue and KV gauges, cache and preemption counters, and the
+per-request phase durations (queue, prefill, decode) timed on its clock.
+
+Gauges and counters are refreshed from the core's `SchedulerStats` snapshot each time the loop
+wakes, on the loop's thread; the core's totals restart with a new worker (a new core), so the
+counters here add up the differences and never go back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.scheduler.stats import SchedulerStats
+from services.telemetry.metrics_server import QUEUE_BUCKETS, REQUEST_BUCKETS, STEP_BUCKETS
+
+_LABELS = ("model_name",)
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.model_name = ""
+        r, labels = self.registry, _LABELS
+        self._running = Gauge(
+            "tandem_num_requests_running", "Requests in the running batch.", labels, registry=r
+        )
+        self._waiting = Gauge(
+            "tandem_num_requests_waiting",
+            "Requests waiting to be scheduled (preempted ones included).",
+            labels,
+            registry=r,
+        )
+        self._kv_usage = Gauge(
+            "tandem_kv_cache_usage_perc",
+            "Share of the KV-cache blocks held by requests (0 to 1).",
+            labels,
+            registry=r,
+        )
+        self._prefix_queries = Counter(
+            "tandem_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            labels,
+            registry=r,
+        )
+        self._prefix_hits = Counter(
+            "tandem_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            labels,
+            registry=r,
+        )
+        self._preemptions = Counter(
+            "tandem_num_preemptions", "Requests preempted (KV or priority).", labels, registry=r
+        )
+        self._steps = Counter(
+            "tandem_scheduler_steps", "Steps planned and sent to the worker.", labels, registry=r
+        )
+        self._queue = Histogram(
+            "tandem_request_queue_time_seconds",
+            "Time from arrival at the scheduler to first admission.",
+            labels,
+            registry=r,
+            buckets=QUEUE_BUCKETS,
+        )
+        self._prefill = Histogram(
+            "tandem_request_prefill_time_seconds",
+            "Time from first admission to the first generated token.",
+            labels,
+            registry=r,
+            buckets=REQUEST_BUCKETS,
+        )
+        self._decode = Histogram(
+            "tandem_request_decode_time_seconds",
+            "Time from the first generated token to the last.",
+            labels,
+            registry=r,
+            buckets=REQUEST_BUCKETS,
+        )
+        self._inference = Histogram(
+            "tandem_request_inference_time_seconds",
+            "Time from first admission to the end (prefill + decode, preemptions included).",
+            labels,
+            registry=r,
+            buckets=REQUEST_BUCKETS,
+        )
+        self._hop = Histogram(
+            "tandem_step_hop_seconds",
+            "One-way latency of a step record, scheduler to worker (to_worker) and back.",
+            (*labels, "direction"),
+            registry=r,
+            buckets=STEP_BUCKETS,
+        )
+        self._last = (0, 0, 0, 0)
+        self.set_model(self.model_name)
+
+    def set_model(self, model_name: str) -> None:
+        """Label the families with the model the worker serves (known once it is attached)."""
+        families = (self._running, self._waiting, self._kv_usage, self._prefix_queries,
+                    self._prefix_hits, self._preemptions, self._steps, self._queue,
+                    self._prefill, self._decode, self._inference)  # fmt: skip
+        if model_name != self.model_name:
+            # The placeholder series made before the worker was known would show as zeros.
+            for family in families:
+                with contextlib.suppress(KeyError):
+                    family.remove(self.model_name)
+            for direction in ("to_worker", "to_scheduler"):
+                with contextlib.suppress(KeyError):
+                    self._hop.remove(self.model_name, direction)
+        self.model_name = model_name
+        m = model_name
+        self.running, self.waiting = self._running.labels(m), self._waiting.labels(m)
+        self.kv_usage = self._kv_usage.labels(m)
+        self.prefix_queries, self.prefix_hits = (
+            self._prefix_queries.labels(m),
+            self._prefix_hits.labels(m),
+        )
+        self.preemptions, self.steps = self._preemptions.labels(m), self._steps.labels(m)
+        self.queue_time, self.prefill_time = self._queue.labels(m), self._prefill.labels(m)
+        self.decode_time, self.inference_time = self._decode.labels(m), self._inference.labels(m)
+        self.hop_to_worker = self._hop.labels(m, "to_worker")
+        self.hop_to_scheduler = self._hop.labels(m, "to_scheduler")
+
+    def observe_stats(self, s: SchedulerStats) -> None:
+        self.running.set(s.num_running)
+        self.waiting.set(s.num_waiting)
+        self.kv_usage.set(s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0)
+        now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_steps)
+        for counter, new, old in zip(
+            (self.prefix_queries, self.prefix_hits, self.preemptions, self.steps),
+            now,
+            self._last,
+            strict=True,
+        ):
+            # A smaller total means a new core (the worker restarted): it counts from zero.
+            delta = new - old if new >= old else new
+            if delta:
+                counter.inc(delta)
+        self._last = now
