@@ -1,0 +1,149 @@
+"""An OpenAI-compatible HTTP server (llama.cpp's llama-server, vLLM, ...), streamed over SSE.
+
+OpenAI streams carry text, not token ids: a chunk with text counts as one token, which holds for
+servers that send a chunk per token (llama.cpp and vLLM do). A token with no text of its own (a
+held-back partial character) merges into the next chunk's gap. Output tokens come from the
+`usage` the server reports when asked with `stream_options.include_usage`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from services.bench.config import BenchConfig
+from services.bench.record import Event, RequestFailed
+from services.bench.workload import RequestSpec
+
+CONNECT_TIMEOUT_S = 10.0
+MAX_MESSAGE_CHARS = 300  # of an error body shown in the table
+
+
+class OpenAIBackend:
+    def __init__(self, base_url: str, config: BenchConfig) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.config = config
+        self.model = config.model
+        self._client: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> Self:
+        # No read timeout (a long generation is not an error; the runner's --timeout is the
+        # limit) and no cap on connections (the runner decides how many are in flight).
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+        if self.model is None:
+            self.model = await self._served_model()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _served_model(self) -> str | None:
+        # Servers that host one model (llama-server) ignore the name, but an OpenAI-style
+        # server that checks it gets the one it lists; failures surface in the requests.
+        if self._client is None:
+            return None
+        try:
+            reply = await self._client.get("/v1/models")
+            return str(reply.json()["data"][0]["id"]) if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, LookupError, TypeError):
+            return None
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": spec.max_tokens,
+            "temperature": self.config.temperature,
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        if self.config.ignore_eos:
+            body["ignore_eos"] = True  # an extension that llama.cpp and vLLM accept
+        if self.config.endpoint == "chat":
+            body["messages"] = spec.messages()
+        else:
+            body["prompt"] = spec.text
+        return body
+
+    async def stream(self, spec: RequestSpec) -> AsyncGenerator[Event, None]:
+        if self._client is None:
+            raise RuntimeError("OpenAIBackend used outside `async with`")
+        path = "/v1/chat/completions" if self.config.endpoint == "chat" else "/v1/completions"
+        finished = False
+        try:
+            async with self._client.stream("POST", path, json=self.body(spec)) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RequestFailed(f"HTTP {response.status_code}", _error_text(response.text))
+                async for line in response.aiter_lines():
+                    data = _sse_data(line)
+                    if data is None:
+                        continue
+                    if data == "[DONE]":
+                        break
+                    event = self._event(data)
+                    finished = finished or event.finish_reason is not None
+                    yield event
+        except httpx.HTTPError as err:
+            raise RequestFailed(type(err).__name__, str(err) or repr(err)) from None
+        if not finished:
+            raise RequestFailed("INCOMPLETE", "the stream ended without a finish reason")
+
+    def _event(self, data: str) -> Event:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise RequestFailed("BAD_STREAM", f"not JSON: {data[:MAX_MESSAGE_CHARS]}") from None
+        if not isinstance(chunk, dict):
+            raise RequestFailed("BAD_STREAM", f"not a JSON object: {data[:MAX_MESSAGE_CHARS]}")
+        if "error" in chunk:
+            raise RequestFailed("STREAM_ERROR", _error_text(json.dumps(chunk)))
+        text, finish = "", None
+        choices = chunk.get("choices") or []
+        if choices:
+            choice = choices[0]
+            if self.config.endpoint == "chat":
+                text = (choice.get("delta") or {}).get("content") or ""
+            else:
+                text = choice.get("text") or ""
+            finish = choice.get("finish_reason")
+        usage = chunk.get("usage") or {}
+        return Event(
+            tokens=1 if text else 0,
+            finish_reason=finish,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+        )
+
+
+def _sse_data(line: str) -> str | None:
+    if not line.startswith("data:"):
+        return None  # blank separators, comments, `event:` lines
+    return line[5:].strip()
+
+
+def _error_text(body: str) -> str:
+    """The server's own message when the body is OpenAI's {"error": {"message": ...}}."""
+    try:
+        error = json.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        if message:
+            return str(message)[:MAX_MESSAGE_CHARS]
+    except (ValueError, AttributeError):
+        pass
+    return body.strip()[:MAX_MESSAGE_CHARS] or "(empty body)"
