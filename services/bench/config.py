@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 BackendName = Literal["tandem", "openai"]
@@ -61,7 +61,6 @@ class BenchConfig:
     warmup: int = 0
     timeout: float | None = 600.0  # per request, seconds
     progress: bool = True
-    chat_prompts: bool = field(init=False)  # the chat template is applied on every backend
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -96,7 +95,11 @@ class BenchConfig:
             raise BenchConfigError("--timeout must be positive")
         if self.temperature < 0:
             raise BenchConfigError("--temperature must be >= 0")
-        object.__setattr__(self, "chat_prompts", self.dataset == "chat" or self.endpoint == "chat")
+
+    @property
+    def chat_prompts(self) -> bool:
+        """Every backend applies the chat template: to compare, all servers must do the same."""
+        return self.dataset == "chat" or self.endpoint == "chat"
 
     @property
     def in_flight_cap(self) -> int | None:

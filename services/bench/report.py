@@ -18,10 +18,14 @@ MS = 1e3
 
 
 def _dist_rows(
-    name: str, pick: Callable[[Summary], Distribution], scale: float, unit: str
+    name: str,
+    pick: Callable[[Summary], Distribution],
+    scale: float,
+    unit: str,
+    digits: int = 1,
 ) -> list[tuple[str, Callable[[Summary], str]]]:
     def cell(q: int) -> Callable[[Summary], str]:
-        return lambda s: _num(getattr(pick(s), f"p{q}") * scale, 1)
+        return lambda s: _num(getattr(pick(s), f"p{q}") * scale, digits)
 
     return [(f"{name} p{q} ({unit})", cell(q)) for q in (50, 90, 99)]
 
@@ -37,7 +41,7 @@ ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     *_dist_rows("TTFT", lambda s: s.ttft_s, MS, "ms"),
     *_dist_rows("ITL", lambda s: s.itl_s, MS, "ms"),
     ("TPOT mean (ms)", lambda s: _num(s.tpot_s.mean * MS, 1)),
-    *_dist_rows("E2E", lambda s: s.e2e_s, 1.0, "s"),
+    *_dist_rows("E2E", lambda s: s.e2e_s, 1.0, "s", digits=3),
 ]
 
 

@@ -77,7 +77,10 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return
             self._send(_chunk(body, "", "length"))
             if reply.usage_tokens is not None:
-                usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.usage_tokens}
+                usage = {
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.usage_tokens,
+                }
                 self._send({"choices": [], "usage": usage})
             self.wfile.write(b"data: [DONE]\n\n")
 
