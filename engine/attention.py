@@ -8,7 +8,9 @@ single-token decodes, batched together into one padded attention call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +28,46 @@ class PrefillSpan:
     mask: torch.Tensor | None
 
 
+class DecodeGroup(Protocol):
+    """Single-token decodes, attended together: `rows` are their query rows in the step."""
+
+    rows: torch.Tensor  # (B,)
+
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+        """q: (B, n_heads, hd), one query per sequence → (B, n_heads, hd)."""
+        ...
+
+
 @dataclass
-class DecodeGroup:
-    rows: torch.Tensor  # (B,) query rows of single-token decodes
+class GatherDecode:
+    """Portable decode attention: gather every sequence's keys into a padded batch, then SDPA."""
+
+    rows: torch.Tensor  # (B,)
     key_slots: torch.Tensor  # (B, max_ctx) pool slots of each sequence's keys, padded
     mask: torch.Tensor  # (B, 1, 1, max_ctx) bool: True where a key is real
+
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+        b, max_ctx = self.key_slots.shape
+        gathered = pool.index_select(0, self.key_slots.reshape(-1))  # (B * ctx, 2, n_kv, hd)
+        gathered = gathered.view(b, max_ctx, *pool.shape[1:]).permute(2, 0, 3, 1, 4)
+        # gathered: (2, B, n_kv, ctx, hd)
+        o = F.scaled_dot_product_attention(
+            q[:, :, None, :], gathered[0], gathered[1], attn_mask=self.mask, enable_gqa=True
+        )  # (B, n_heads, 1, hd)
+        return o[:, :, 0, :]
+
+
+@dataclass
+class KernelDecode:
+    """Decode attention by a paged kernel reading the pool through block tables (CUDA)."""
+
+    rows: torch.Tensor  # (B,)
+    tables: torch.Tensor  # (B, max_blocks) int64 block ids
+    context_lens: torch.Tensor  # (B,) int64
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+        return self.kernel(q, pool, self.tables, self.context_lens)
 
 
 @dataclass
@@ -50,6 +87,7 @@ def build_metadata(
     block_tables: list[list[int]],
     block_size: int,
     device: torch.device,
+    decode_kernel: Callable[..., torch.Tensor] | None = None,
 ) -> AttentionMetadata:
     """starts[i]: position of sequence i's first new token; lengths[i]: its number of new tokens."""
     slot_parts: list[torch.Tensor] = []
@@ -78,7 +116,7 @@ def build_metadata(
                     PrefillSpan(row, row + length, seq_slots.to(device), mask.to(device))
                 )
         row += length
-    decodes = None
+    decodes: DecodeGroup | None = None
     if decode_idx:
         ctx_lens = torch.tensor([starts[i] + 1 for i in decode_idx])
         max_blocks = max(len(block_tables[i]) for i in decode_idx)
@@ -90,11 +128,11 @@ def build_metadata(
         valid = positions[None, :] < ctx_lens[:, None]  # (B, max_ctx)
         for j, i in enumerate(decode_idx):
             slot_parts[i] = key_slots[j, starts[i] : starts[i] + 1]
-        decodes = DecodeGroup(
-            rows=torch.tensor([row_of[i] for i in decode_idx], device=device),
-            key_slots=key_slots.to(device),
-            mask=valid.to(device)[:, None, None, :],
-        )
+        rows = torch.tensor([row_of[i] for i in decode_idx], device=device)
+        if decode_kernel is not None:
+            decodes = KernelDecode(rows, tables.to(device), ctx_lens.to(device), decode_kernel)
+        else:
+            decodes = GatherDecode(rows, key_slots.to(device), valid.to(device)[:, None, None, :])
     return AttentionMetadata(
         slot_mapping=torch.cat(slot_parts).to(device), prefills=prefills, decodes=decodes
     )
@@ -111,7 +149,7 @@ def paged_attention(
     pool.index_copy_(0, meta.slot_mapping, kv)
     group = meta.decodes
     if group is not None and not meta.prefills:
-        return _decode(q, pool, group)  # the common step: decodes only, no scatter back
+        return group.attend(q, pool)  # the common step: decodes only, no scatter back
     out = torch.empty_like(q)
     for span in meta.prefills:
         qs = q[span.q_start : span.q_end].transpose(0, 1)  # (n_heads, q_len, hd)
@@ -135,17 +173,5 @@ def paged_attention(
             )
         out[span.q_start : span.q_end] = o.transpose(0, 1)
     if group is not None:
-        out.index_copy_(0, group.rows, _decode(q.index_select(0, group.rows), pool, group))
+        out.index_copy_(0, group.rows, group.attend(q.index_select(0, group.rows), pool))
     return out
-
-
-def _decode(q: torch.Tensor, pool: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
-    """q: (B, n_heads, hd), one query per sequence → (B, n_heads, hd)."""
-    b, max_ctx = group.key_slots.shape
-    gathered = pool.index_select(0, group.key_slots.reshape(-1))  # (B * ctx, 2, n_kv, hd)
-    gathered = gathered.view(b, max_ctx, *pool.shape[1:]).permute(2, 0, 3, 1, 4)
-    # gathered: (2, B, n_kv, ctx, hd)
-    o = F.scaled_dot_product_attention(
-        q[:, :, None, :], gathered[0], gathered[1], attn_mask=group.mask, enable_gqa=True
-    )  # (B, n_heads, 1, hd)
-    return o[:, :, 0, :]

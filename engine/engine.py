@@ -25,6 +25,18 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def _free_cuda_bytes(
+    device: torch.device, fraction: float, config: ModelConfig, max_num_seqs: int
+) -> int:
+    if not 0 < fraction <= 1:
+        raise InvalidRequest("gpu_memory_fraction", f"must be in (0, 1], got {fraction}")
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    # Logits of the largest decode batch (fp32) and a margin for activations and graphs.
+    reserve = max_num_seqs * config.vocab_size * 4 * 2 + (2 << 30)
+    return max(0, int(total * fraction) - used - reserve)
+
+
 def parse_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise InvalidRequest("device", f"unknown device {name!r}; choose cpu or cuda")
@@ -34,15 +46,45 @@ def parse_device(name: str) -> torch.device:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, num_kv_blocks: int, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_kv_blocks: int,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        cuda_graphs: bool = True,
+    ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.config: ModelConfig = loaded.config
-        self.device = next(self.model.parameters()).device
-        self.dtype = next(self.model.parameters()).dtype
-        self.kv = KVCache(self.config, num_kv_blocks, block_size, self.dtype, self.device)
+        self.device = next(self.model.buffers()).device
+        self.dtype = self.model.norm.weight.dtype
+        self._num_blocks = num_kv_blocks
+        on_cuda = self.device.type == "cuda"
+        # On CUDA one extra block, outside what the scheduler may hand out, takes the writes of
+        # padding rows in captured decode graphs.
+        total = num_kv_blocks + 1 if on_cuda else num_kv_blocks
+        self.kv = KVCache(self.config, total, block_size, self.dtype, self.device)
         self.sampler = Sampler()
         self._histories: dict[str, list[int]] = {}  # only for sequences with penalties
+        self.decode_kernel = None
+        self.graphs = None
+        if on_cuda:
+            from engine.cuda_graphs import DecodeGraphs
+            from engine.kernels.paged_decode import PagedDecode
+
+            c = self.config
+            self.decode_kernel = PagedDecode(
+                max_num_seqs,
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim,
+                block_size,
+                c.max_seq_len,
+                self.device,
+            )
+            if cuda_graphs:
+                self.graphs = DecodeGraphs(self.model, self.kv, num_kv_blocks, max_num_seqs)
 
     @classmethod
     def from_path(
@@ -54,11 +96,22 @@ class Engine:
         block_size: int = 16,
         progress: bool = True,
         quantize: str = "auto",
+        max_num_seqs: int = 256,
+        cuda_graphs: bool = True,
+        gpu_memory_fraction: float = 0.9,
     ) -> Engine:
-        loaded = load_model(path, parse_device(device), parse_dtype(dtype), progress, quantize)
-        per_block = KVCache.bytes_per_block(loaded.config, block_size, parse_dtype(dtype))
+        """kv_cache_bytes 0 sizes the KV cache on CUDA from what the weights leave of
+        `gpu_memory_fraction` of the card (activations and graphs get a fixed reserve)."""
+        torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
+        loaded = load_model(path, torch_device, torch_dtype, progress, quantize)
+        per_block = KVCache.bytes_per_block(loaded.config, block_size, torch_dtype)
+        if kv_cache_bytes == 0 and torch_device.type == "cuda":
+            kv_cache_bytes = _free_cuda_bytes(
+                torch_device, gpu_memory_fraction, loaded.config, max_num_seqs
+            )
         max_blocks = -(-loaded.config.max_seq_len // block_size)
-        return cls(loaded, max(1, min(kv_cache_bytes // per_block, 64 * max_blocks)), block_size)
+        blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
+        return cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs)
 
     @property
     def block_size(self) -> int:
@@ -66,7 +119,8 @@ class Engine:
 
     @property
     def num_kv_blocks(self) -> int:
-        return self.kv.num_blocks
+        """Blocks a scheduler may hand out (a reserved dummy block on CUDA is not among them)."""
+        return self._num_blocks
 
     def release(self, seq_ids: Iterable[str]) -> None:
         """Forget per-sequence state of finished sequences (their blocks are the caller's)."""
@@ -88,6 +142,7 @@ class Engine:
             [list(s.block_table) for s in batch],
             self.block_size,
             self.device,
+            self.decode_kernel,
         )
         return self.model(
             torch.tensor(tokens, device=self.device),
@@ -101,14 +156,17 @@ class Engine:
         """One forward for all of `batch`; one output per sequence that asked to sample."""
         if not batch:
             return []
-        hidden = self.forward(batch)  # (T, dim)
+        logits = self._graph_logits(batch)
+        if logits is None:
+            hidden = self.forward(batch)  # (T, dim)
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
             return []
-        ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
-        rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
-        logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
+        if logits is None:
+            ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
+            rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
+            logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
         out = self.sampler(
             logits,
             [batch[i].sampling for i in sampled],
@@ -117,19 +175,28 @@ class Engine:
         )
         return self._to_outputs([batch[i] for i in sampled], out)
 
+    def _graph_logits(self, batch: Sequence[SeqInput]) -> torch.Tensor | None:
+        """A decode-only batch replayed through its CUDA graph; None where there is none."""
+        graphs = self.graphs
+        if graphs is None or graphs.bucket(len(batch)) is None:
+            return None
+        if any(len(s.token_ids) != 1 or s.start_pos == 0 for s in batch):
+            return None
+        self._validate(batch)
+        return graphs.run(list(batch))
+
     def _to_outputs(self, seqs: list[SeqInput], out: SampledBatch) -> list[SeqOutput]:
-        # The step's one host sync: everything sampled comes back in a few .tolist() calls.
-        ids = out.token_ids.tolist()
-        lps = out.logprobs.tolist()
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        # The step's one host sync: ids, logprobs and alternatives come back in one transfer.
+        columns = [out.token_ids.double()[:, None], out.logprobs.double()[:, None]]
+        if out.top_ids is not None and out.top_logprobs is not None:
+            columns += [out.top_ids.double(), out.top_logprobs.double()]
+        rows = torch.cat(columns, dim=1).tolist()
+        n_top = out.top_ids.shape[1] if out.top_ids is not None else 0
         outputs = []
-        for i, seq in enumerate(seqs):
-            top: list[tuple[int, float]] = []
-            if top_ids is not None and top_lps is not None and seq.sampling.logprobs:
-                n = seq.sampling.logprobs
-                top = list(zip(top_ids[i][:n], top_lps[i][:n], strict=True))
-            outputs.append(SeqOutput(seq.seq_id, ids[i], lps[i], top))
+        for row, seq in zip(rows, seqs, strict=True):
+            n = min(seq.sampling.logprobs, n_top)
+            top = [(int(row[2 + j]), row[2 + n_top + j]) for j in range(n)]
+            outputs.append(SeqOutput(seq.seq_id, int(row[0]), row[1], top))
         return outputs
 
     def _update_history(self, seq: SeqInput) -> tuple[list[int], int] | None:

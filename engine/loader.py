@@ -15,10 +15,12 @@ from engine.gguf_file import open_gguf
 from engine.gguf_weights import GGUFWeights
 from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
-from engine.quant import Q4Blocks, int4_supported
+from engine.quant import Q4Blocks, int4_supported, quantize_int8
+from engine.random_weights import SEED_KEY, RandomWeights, is_random
 from engine.weights import build_model
 
-QUANTIZE_MODES = ("auto", "none")
+QUANTIZE_MODES = ("auto", "none", "int8")
+Reader = GGUFWeights | SafetensorsWeights | RandomWeights
 
 
 @dataclass
@@ -33,9 +35,7 @@ class LoadedModel:
 class _Source:
     """A reader seen through the load: dtype conversion, the progress bar, and 4-bit policy."""
 
-    def __init__(
-        self, reader: GGUFWeights | SafetensorsWeights, dtype: torch.dtype, bar: tqdm, keep_q4: bool
-    ) -> None:
+    def __init__(self, reader: Reader, dtype: torch.dtype, bar: tqdm, keep_q4: bool) -> None:
         self.reader, self.dtype, self.bar, self.keep_q4 = reader, dtype, bar, keep_q4
         self.kept_q4 = 0
 
@@ -64,14 +64,22 @@ def load_model(
     progress: bool = True,
     quantize: str = "auto",
 ) -> LoadedModel:
-    """quantize: "auto" keeps a GGUF's Q4_0/Q4_1 projections 4-bit where the device has an int4
-    kernel (CPU); "none" dequantizes everything to `dtype`."""
+    """quantize: "auto" keeps a GGUF's Q4_0/Q4_1/Q8_0 projections quantized where the device has
+    an int4 kernel (CPU); "none" dequantizes everything to `dtype`; "int8" serves every
+    projection as weight-only int8 with per-channel scales."""
     if quantize not in QUANTIZE_MODES:
         raise InvalidRequest("quantize", f"unknown mode {quantize!r}; choose {QUANTIZE_MODES}")
     if path.is_dir():
-        config = ModelConfig.from_hf(read_config(path))
-        reader: GGUFWeights | SafetensorsWeights = SafetensorsWeights(path)
-        file_format, rope_factors = "safetensors", None
+        raw = read_config(path)
+        config = ModelConfig.from_hf(raw)
+        reader: Reader
+        if is_random(raw):
+            reader = RandomWeights(config, int(raw[SEED_KEY]), device, dtype)
+            file_format = "random"
+        else:
+            reader = SafetensorsWeights(path)
+            file_format = "safetensors"
+        rope_factors = None
     elif path.is_file():
         gguf = open_gguf(path)
         config = ModelConfig.from_gguf(gguf.metadata)
@@ -89,18 +97,25 @@ def load_model(
         source = _Source(reader, dtype, bar, keep_q4)
         model = build_model(config, source, device, rope_factors)
     linear = "int4" if source.kept_q4 else str(dtype).removeprefix("torch.")
+    if quantize == "int8":
+        quantize_int8(model)
+        linear = "int8"
     return LoadedModel(model, config, path, file_format, linear)
 
 
-def _names(reader: GGUFWeights | SafetensorsWeights) -> list[str]:
+def _names(reader: Reader) -> list[str]:
     if isinstance(reader, GGUFWeights):
         return list(reader.by_name)
+    if isinstance(reader, RandomWeights):
+        return reader.names()
     return list(reader.location)
 
 
-def _numel(reader: GGUFWeights | SafetensorsWeights, name: str) -> int:
+def _numel(reader: Reader, name: str) -> int:
     if isinstance(reader, GGUFWeights):
         return int(reader.by_name[name].n_elements)
+    if isinstance(reader, RandomWeights):
+        return int(torch.Size(reader.shape(name)).numel())
     return reader.numel(name)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
@@ -127,3 +128,46 @@ class Int4Linear(nn.Module):
                 flat, self.packed1, GROUP, self.scales_and_zeros1
             )
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(nn.Module):
+    """Weight-only int8 with one scale per output channel (symmetric): w ≈ q * scale.
+
+    On CUDA small batches go through a Triton kernel that reads the int8 weight directly; on
+    CPU through torch's int8 weight-only kernel; activations stay in the model's dtype (bf16).
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (N,)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.to(weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # (tokens, K)
+        if flat.is_cuda:
+            from engine.kernels.w8a16 import SMALL_M, w8a16_matmul
+
+            if flat.shape[0] <= SMALL_M:
+                out = w8a16_matmul(flat, self.weight, self.scale)
+            else:  # arithmetic-bound: widen once, let cuBLAS multiply
+                out = F.linear(flat, self.weight.to(flat.dtype)) * self.scale
+        else:
+            out = torch._weight_int8pack_mm(
+                flat.to(torch.bfloat16), self.weight, self.scale.to(torch.bfloat16)
+            ).to(x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def quantize_int8(model: nn.Module) -> int:
+    """Swap every float projection (and the output head) for weight-only int8; returns how many."""
+    swapped = 0
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, Int8Linear(child.weight.detach()))
+                swapped += 1
+    return swapped

@@ -9,15 +9,19 @@ a pinned value. Files are cached under `home` (`$TANDEM_HOME`, read at the CLI e
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from engine.errors import FetchError, ModelNotFound
+from engine.random_weights import SEED_KEY
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -70,12 +74,86 @@ REGISTRY: dict[str, NamedModel] = {
 }
 
 
-def lookup(name: str) -> NamedModel:
-    model = REGISTRY.get(name)
+_LLAMA3 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+}
+
+
+@dataclass(frozen=True)
+class RandomModel:
+    """A model of real shapes with seeded random weights: a config.json and the LLaMA-3
+    tokenizer in a folder; the weights are drawn when it is loaded (engine/random_weights.py)."""
+
+    name: str
+    description: str
+    config: dict[str, Any]
+    seed: int = 0
+    kind: str = "random"
+
+    def cached_path(self, home: Path) -> Path:
+        return home / "models" / self.name
+
+
+RANDOM_MODELS = {
+    m.name: m
+    for m in (
+        RandomModel(
+            name="llama3-8b-random",
+            description="LLaMA-3-8B shapes (32 layers, 4096 wide, GQA 32/8), random weights",
+            config={
+                **_LLAMA3,
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "max_position_embeddings": 8192,
+            },
+        ),
+        RandomModel(
+            name="llama3-tiny-random",
+            description="a 2-layer model with the LLaMA-3 vocabulary and random weights (tests)",
+            config={
+                **_LLAMA3,
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 2048,
+            },
+        ),
+    )
+}
+
+
+def lookup(name: str) -> NamedModel | RandomModel:
+    model = REGISTRY.get(name) or RANDOM_MODELS.get(name)
     if model is None:
-        known = ", ".join(sorted(REGISTRY))
+        known = ", ".join(sorted([*REGISTRY, *RANDOM_MODELS]))
         raise ModelNotFound(f"unknown model {name!r}: known names are {known}, or give a path")
     return model
+
+
+def fetch_any(model: NamedModel | RandomModel, home: Path, quiet: bool = False) -> Path:
+    if isinstance(model, NamedModel):
+        return fetch(model, home, quiet)
+    folder = model.cached_path(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = fetch(REGISTRY["llama3"], home, quiet)
+    target = folder / "tokenizer.model"
+    if not target.is_file() or sha256_of(target) != REGISTRY["llama3"].file.sha256:
+        shutil.copyfile(tokenizer, target)
+    config = {**model.config, SEED_KEY: model.seed, "_name_or_path": model.name}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
@@ -161,6 +239,7 @@ def resolve(name_or_path: str, home: Path, quiet: bool = False) -> Path:
     path = Path(name_or_path).expanduser()
     if path.exists():
         return path
-    if name_or_path not in REGISTRY and ("/" in name_or_path or path.suffix):
+    known = name_or_path in REGISTRY or name_or_path in RANDOM_MODELS
+    if not known and ("/" in name_or_path or path.suffix):
         raise ModelNotFound(f"no such file or folder: {name_or_path}")
-    return fetch(lookup(name_or_path), home, quiet)
+    return fetch_any(lookup(name_or_path), home, quiet)

@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     print(f"{'NAME':<24} {'CACHED':<7} DESCRIPTION")
-    for model in registry.REGISTRY.values():
-        cached = "yes" if model.cached_path(args.home).is_file() else "no"
+    for model in [*registry.REGISTRY.values(), *registry.RANDOM_MODELS.values()]:
+        cached = "yes" if model.cached_path(args.home).exists() else "no"
         default = " [default]" if model.name == registry.DEFAULT_MODEL else ""
         print(f"{model.name:<24} {cached:<7} {model.description}{default}")
     return 0
@@ -31,6 +31,6 @@ def _list(args: argparse.Namespace) -> int:
 def _fetch(args: argparse.Namespace) -> int:
     models = [registry.lookup(name) for name in args.names]
     for model in models:
-        path = registry.fetch(model, args.home, quiet=args.quiet)
+        path = registry.fetch_any(model, args.home, quiet=args.quiet)
         print(f"{model.name}: {path}")
     return 0

@@ -1,0 +1,367 @@
+"""tandem on one GPU against the hardware's limits and Hugging Face transformers, in one run.
+
+    python -m bench.gpu [--json PATH] [--quick] [--skip-pipeline] [--skip-hf]
+
+On the same random weights of the LLaMA-3-8B shapes (bf16): batch-1 decode against the HBM
+roofline (weight bytes ÷ a device-to-device copy bandwidth measured here); aggregate tokens/s at
+8, 64 and 256 concurrent sequences (prompt 512, output 256) against the step roofline; TTFT of a
+2,048-token prompt against the compute floor (FLOPs ÷ a matmul rate measured here); the same
+through the three-process pipeline; INT8 weights; transformers `generate` (eager and static
+cache); and the default model SmolLM2. Prints one table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run this benchmark as a module: python -m bench.gpu")
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.pipeline import in_process, through_pipeline
+from engine import registry
+from engine.batch import SeqInput
+from engine.engine import Engine
+from engine.random_weights import RandomWeights
+
+ROWS: list[dict[str, Any]] = []
+
+
+def row(
+    case: str, system: str, value: float, unit: str, ceiling: float = 0.0, **extra: Any
+) -> None:
+    ratio = value / ceiling if ceiling else None
+    ROWS.append(
+        {
+            "case": case,
+            "system": system,
+            "value": value,
+            "unit": unit,
+            "ceiling": ceiling or None,
+            "ratio": ratio,
+            **extra,
+        }
+    )
+    shown = f"{ratio:6.1%}" if ratio is not None else ""
+    print(f"{case:<34} {system:<26} {value:>10.1f} {unit:<8} {shown}", flush=True)
+
+
+def timed(fn: Any, repeats: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000 / repeats
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a device-to-device copy of 4 GiB."""
+    src = torch.empty(1 << 32, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src))
+    return 2 * (1 << 32) / seconds
+
+
+def matmul_rate() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    seconds = timed(lambda: a @ b)
+    return 2 * 8192**3 / seconds
+
+
+def weight_bytes(engine: Engine) -> int:
+    total = sum(t.numel() * t.element_size() for t in engine.model.parameters())
+    total += sum(
+        t.numel() * t.element_size() for n, t in engine.model.named_buffers() if n != "inv_freq"
+    )
+    if engine.model.output.weight is engine.model.tok_embeddings.weight:
+        total += engine.model.output.weight.numel() * engine.model.output.weight.element_size()
+    return total
+
+
+def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def batch1_decode(engine: Engine, prompt_len: int, steps: int) -> float:
+    ids = random_prompt(prompt_len, engine.config.vocab_size, 1)
+    table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
+    token = engine.step([SeqInput("b1", ids, 0, table)])[0].token_id
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        token = engine.step([SeqInput("b1", [token], prompt_len + i, table)])[0].token_id
+        times.append(time.perf_counter() - start)
+    engine.release(["b1"])
+    times.sort()
+    return 1 / times[len(times) // 2]
+
+
+def ttft(engine: Engine, prompt_len: int) -> float:
+    ids = random_prompt(prompt_len, engine.config.vocab_size, 2)
+    table = list(range(-(-prompt_len // engine.block_size)))
+    engine.step([SeqInput("warm", ids, 0, table)])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.step([SeqInput("t", ids, 0, table)])  # one host sync inside: the token is back
+    return time.perf_counter() - start
+
+
+def aggregate(engine: Engine, concurrency: int, prompt_len: int, out_len: int) -> float:
+    prompts = [
+        random_prompt(prompt_len, engine.config.vocab_size, 100 + i) for i in range(concurrency)
+    ]
+    summary = in_process(engine, prompts, out_len, concurrency, concurrency)
+    return summary.tokens_per_s
+
+
+def hf_model(path: Path, engine_config: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    source = RandomWeights(engine_config, 0, torch.device("cuda"), torch.bfloat16)
+    model.load_state_dict({n: source.get(n) for n in source.names()}, assign=True, strict=False)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config, device="cuda")
+    return model.eval()
+
+
+def hf_generate(model: Any, batch: int, prompt_len: int, new: int, static: bool) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda")
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=0,
+    )
+    if static:
+        kwargs["cache_implementation"] = "static"
+    with torch.no_grad():
+        model.generate(ids, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(ids, **kwargs)
+        torch.cuda.synchronize()
+    return batch * new / (time.perf_counter() - start)
+
+
+def free(*objects: Any) -> None:
+    del objects
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "gpu.json"
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer steps, smaller batches")
+    parser.add_argument("--skip-pipeline", action="store_true")
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--skip-int8", action="store_true")
+    parser.add_argument("--skip-smollm", action="store_true")
+    args = parser.parse_args()
+    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    steps = 32 if args.quick else 128
+    out_len = 64 if args.quick else 256
+    concurrencies = [8, 64] if args.quick else [8, 64, 256]
+
+    bandwidth, flops = copy_bandwidth(), matmul_rate()
+    print(
+        f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s, "
+        f"bf16 matmul {flops / 1e12:.0f} TFLOP/s, torch {torch.__version__}",
+        flush=True,
+    )
+    print(f"{'case':<34} {'system':<26} {'value':>10} {'unit':<8} of ceiling")
+
+    path = registry.resolve("llama3-8b-random", home)
+    engine = Engine.from_path(
+        path, "cuda", "bfloat16", kv_cache_bytes=48 << 30, progress=False, max_num_seqs=256
+    )
+    wbytes = weight_bytes(engine)
+    c = engine.config
+    roofline_b1 = bandwidth / wbytes
+    row(
+        "8B batch-1 decode",
+        "tandem engine (graphs)",
+        batch1_decode(engine, 512, steps),
+        "tok/s",
+        roofline_b1,
+    )
+    kv_per_token = 2 * c.n_layers * c.kv_dim * 2
+    for n in concurrencies:
+        # Step roofline: weights once, plus each sequence's KV read, at mid-generation length.
+        step_bytes = wbytes + n * (512 + out_len // 2) * kv_per_token
+        row(
+            f"8B aggregate, {n} seqs",
+            "tandem engine",
+            aggregate(engine, n, 512, out_len),
+            "tok/s",
+            n * bandwidth / step_bytes,
+        )
+    params = sum(p.numel() for p in engine.model.parameters())
+    attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim  # QK^T and PV, causal half each
+    floor = (2 * params * 2048 + attention_flops) / flops
+    row(
+        "8B TTFT, 2048-token prompt",
+        "tandem engine",
+        ttft(engine, 2048) * 1000,
+        "ms",
+        floor * 1000,
+        note="ratio = floor / measured inverted: value÷ceiling is time over floor",
+    )
+    eager = Engine(engine.loaded, engine.num_kv_blocks, engine.block_size, 256, cuda_graphs=False)
+    row(
+        "8B batch-1 decode",
+        "tandem engine (eager)",
+        batch1_decode(eager, 512, steps // 2),
+        "tok/s",
+        roofline_b1,
+    )
+    free(eager)
+
+    if not args.skip_hf:
+        hf = hf_model(path, c)
+        for static in (False, True):
+            label = "transformers (static cache)" if static else "transformers (eager)"
+            row(
+                "8B batch-1 decode",
+                label,
+                hf_generate(hf, 1, 512, 32, static),
+                "tok/s",
+                roofline_b1,
+            )
+            row("8B aggregate, 64 seqs", label, hf_generate(hf, 64, 512, 64, static), "tok/s")
+        free(hf)
+    free(engine)
+
+    if not args.skip_int8:
+        int8 = Engine.from_path(
+            path,
+            "cuda",
+            "bfloat16",
+            kv_cache_bytes=4 << 30,
+            progress=False,
+            max_num_seqs=1,
+            quantize="int8",
+        )
+        row(
+            "8B batch-1 decode",
+            "tandem engine int8",
+            batch1_decode(int8, 512, steps),
+            "tok/s",
+            bandwidth / weight_bytes(int8),
+        )
+        free(int8)
+
+    if not args.skip_pipeline:
+        log_dir = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
+        from services.local_pipeline import pipeline
+
+        flags = (
+            "--model",
+            "llama3-8b-random",
+            "--device",
+            "cuda",
+            "--dtype",
+            "bfloat16",
+            "--kv-cache-mb",
+            "40000",
+            "--max-num-seqs",
+            "256",
+            "--ready-timeout",
+            "600",
+        )
+        with pipeline(log_dir, *flags) as served:
+            prompts = [random_prompt(512, c.vocab_size, 200 + i) for i in range(64)]
+            one = asyncio.run(
+                through_pipeline(
+                    served.address, served.scheduler_address, "pipeline", prompts[:1], steps, 1
+                )
+            )
+            row(
+                "8B batch-1 decode",
+                "tandem pipeline",
+                1000 / one.itl_p50_ms,
+                "tok/s",
+                roofline_b1,
+                hop_p50_us=one.hop_p50_us,
+                hop_p99_us=one.hop_p99_us,
+            )
+            many = asyncio.run(
+                through_pipeline(
+                    served.address, served.scheduler_address, "pipeline", prompts, out_len, 64
+                )
+            )
+            row(
+                "8B aggregate, 64 seqs",
+                "tandem pipeline",
+                many.tokens_per_s,
+                "tok/s",
+                hop_p50_us=many.hop_p50_us,
+                hop_p99_us=many.hop_p99_us,
+            )
+
+    if not args.skip_smollm:
+        small = Engine.from_path(
+            registry.resolve(registry.DEFAULT_MODEL, home),
+            "cuda",
+            "bfloat16",
+            kv_cache_bytes=8 << 30,
+            progress=False,
+        )
+        row(
+            "SmolLM2 batch-1 decode",
+            "tandem engine (graphs)",
+            batch1_decode(small, 512, steps),
+            "tok/s",
+            bandwidth / weight_bytes(small),
+        )
+        row(
+            "SmolLM2 aggregate, 64 seqs",
+            "tandem engine",
+            aggregate(small, 64, 512, out_len),
+            "tok/s",
+        )
+        free(small)
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "host": platform.node(),
+                "date": time.strftime("%Y-%m-%d"),
+                "copy_bandwidth_bytes_per_s": bandwidth,
+                "bf16_matmul_flops": flops,
+                "weight_bytes_8b": wbytes,
+                "rows": ROWS,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""GPU kernels (Triton), imported only where CUDA is used; CPU paths never load them."""

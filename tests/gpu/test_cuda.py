@@ -1,0 +1,147 @@
+"""The CUDA path: kernels against references, graphs against eager, bf16 against fp32 and
+transformers. Marked `gpu`: skipped where there is no CUDA device."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import registry
+from engine.batch import SeqInput
+from engine.engine import Engine
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def test_paged_decode_kernel_matches_attention() -> None:
+    from engine.kernels.paged_decode import PagedDecode
+
+    torch.manual_seed(0)
+    b, heads, kv_heads, hd, bs, blocks = 5, 32, 8, 128, 16, 400
+    pool = torch.randn(blocks * bs, 2, kv_heads, hd, device=CUDA, dtype=torch.bfloat16)
+    ctx = torch.tensor([1, 17, 300, 1000, 2047], device=CUDA)
+    order = torch.randperm(blocks, device=CUDA)
+    tables = torch.zeros(b, 128, dtype=torch.int64, device=CUDA)
+    used = 0
+    for i in range(b):
+        n = math.ceil(int(ctx[i]) / bs)
+        tables[i, :n] = order[used : used + n]
+        used += n
+    q = torch.randn(b, heads, hd, device=CUDA, dtype=torch.bfloat16)
+    out = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA)(q, pool, tables, ctx)
+    for i in range(b):
+        c = int(ctx[i])
+        pos = torch.arange(c, device=CUDA)
+        slots = tables[i][pos // bs] * bs + pos % bs
+        k = pool[slots, 0].float().repeat_interleave(heads // kv_heads, 1)  # (c, heads, hd)
+        v = pool[slots, 1].float().repeat_interleave(heads // kv_heads, 1)
+        scores = torch.einsum("hd,chd->hc", q[i].float(), k) / math.sqrt(hd)
+        ref = torch.einsum("hc,chd->hd", scores.softmax(-1), v)
+        assert rel(out[i], ref) < 2e-2
+
+
+def test_int8_kernel_matches_reference() -> None:
+    from engine.kernels.w8a16 import w8a16_matmul
+
+    torch.manual_seed(0)
+    for m, n, k in [(1, 4096, 4096), (7, 6144, 4096), (64, 1024, 14336)]:
+        x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
+        w = torch.randint(-127, 128, (n, k), device=CUDA, dtype=torch.int8)
+        s = torch.rand(n, device=CUDA, dtype=torch.bfloat16) / 100
+        ref = (x.float() @ w.float().t()) * s.float()
+        assert rel(w8a16_matmul(x, w, s), ref) < 1e-2
+
+
+@pytest.fixture(scope="module")
+def default_model(tandem_home: Path) -> Path:
+    return registry.resolve(registry.DEFAULT_MODEL, tandem_home)
+
+
+def prompt(n: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+def test_cuda_bf16_agrees_with_cpu_fp32_on_the_default_model(default_model: Path) -> None:
+    cpu = Engine.from_path(
+        default_model, "cpu", "float32", 64 << 20, progress=False, quantize="none"
+    )
+    gpu = Engine.from_path(default_model, "cuda", "bfloat16", 64 << 20, progress=False)
+    ids = prompt(64, cpu.config.vocab_size)
+    table = list(range(4))
+    want = cpu.model.logits(cpu.forward([SeqInput("s", ids, 0, table)]))
+    got = gpu.model.logits(gpu.forward([SeqInput("s", ids, 0, table)])).cpu()
+    assert rel(got, want) < 6e-2
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) > 0.9
+
+
+def decode_logits(engine: Engine, ids: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Prefill each sequence, then `steps` greedy decode steps of the whole batch."""
+    tables = [list(range(i * 16, i * 16 + 16)) for i in range(len(ids))]
+    last = [
+        engine.step([SeqInput(f"s{i}", p, 0, tables[i])])[0].token_id for i, p in enumerate(ids)
+    ]
+    logits = []
+    for step in range(steps):
+        batch = [SeqInput(f"s{i}", [last[i]], len(p) + step, tables[i]) for i, p in enumerate(ids)]
+        graph = engine._graph_logits(batch)
+        row = graph if graph is not None else engine.model.logits(engine.forward(batch))
+        logits.append(row.float().cpu())
+        last = row.argmax(-1).tolist()
+    return logits
+
+
+def test_cuda_graph_replay_equals_eager(default_model: Path) -> None:
+    graphed = Engine.from_path(
+        default_model, "cuda", "bfloat16", 256 << 20, progress=False, max_num_seqs=8
+    )
+    eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 8, cuda_graphs=False)
+    assert graphed.graphs is not None and eager.graphs is None
+    ids = [prompt(n, graphed.config.vocab_size) for n in (5, 40, 100)]
+    for a, b in zip(decode_logits(graphed, ids, 6), decode_logits(eager, ids, 6), strict=True):
+        assert rel(a, b) < 1e-2
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_random_8b_shaped_model_agrees_with_transformers(tandem_home: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.random_weights import RandomWeights
+
+    path = registry.resolve("llama3-8b-random", tandem_home)
+    ours = Engine.from_path(path, "cuda", "bfloat16", 1 << 30, progress=False, max_num_seqs=4)
+    config = LlamaConfig.from_pretrained(path)
+    with torch.device("meta"):
+        reference = LlamaForCausalLM(config)
+    source = RandomWeights(ours.config, 0, CUDA, torch.bfloat16)
+    state = {name: source.get(name) for name in source.names()}
+    reference.load_state_dict(state, assign=True, strict=False)
+    reference.model.rotary_emb = type(reference.model.rotary_emb)(config=config, device=CUDA)
+    reference.eval()
+    ids = prompt(48, ours.config.vocab_size)
+    with torch.no_grad():
+        want = reference(torch.tensor([ids], device=CUDA)).logits[0].float()
+    got = ours.model.logits(ours.forward([SeqInput("s", ids, 0, list(range(4)))])).float()
+    assert rel(got, want) < 6e-2
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) > 0.9
+
+
+def test_int8_model_stays_close_to_bf16(default_model: Path) -> None:
+    bf16 = Engine.from_path(
+        default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=4
+    )
+    int8 = Engine.from_path(
+        default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=4, quantize="int8"
+    )
+    assert int8.loaded.linear_format == "int8"
+    ids = prompt(64, bf16.config.vocab_size)
+    a = bf16.model.logits(bf16.forward([SeqInput("s", ids, 0, list(range(4)))]))
+    b = int8.model.logits(int8.forward([SeqInput("s", ids, 0, list(range(4)))]))
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.85
