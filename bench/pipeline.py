@@ -1,12 +1,15 @@
 """The same workload through the engine in-process and through the three-process pipeline.
 
-    python -m bench.pipeline [--model NAME] [--json PATH] [--quick]
+    python -m bench.pipeline [--model NAME] [--json PATH] [--quick] [--tracing]
 
 (a) in-process: the scheduler core and the engine in one loop, no processes, no gRPC;
 (b) the pipeline (`tandem serve`) with the hot path over shared-memory rings;
 (c) the pipeline with the hot path over gRPC.
-Prints throughput, TTFT and inter-token latency p50/p99, the per-step hop scheduler → worker, and
-the pipeline's throughput relative to in-process. Timings, not assertions: the machine is shared.
+With --tracing, (c) gives way to (b) again with tracing on: every process exports its spans over
+OTLP/gRPC to a sink in this process (which counts them), so the two shm rows show what tracing
+costs. Prints throughput, TTFT and inter-token latency p50/p99, the per-step hop scheduler →
+worker, and the pipeline's throughput relative to in-process. Timings, not assertions: the
+machine is shared.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ import asyncio
 import json
 import os
 import tempfile
+import threading
 import time
+from concurrent import futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import grpc
 from grpc import aio
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from engine import registry
 from engine.batch import SeqInput
@@ -65,6 +72,7 @@ class Summary:
     itl_p99_ms: float
     hop_p50_us: float = 0.0
     hop_p99_us: float = 0.0
+    spans: int = 0  # exported while it ran (traced runs only)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -175,6 +183,26 @@ async def through_pipeline(
     return summary
 
 
+class SpanSink(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace endpoint that counts the spans it is sent and keeps none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        with self._lock:
+            self.count += n
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=registry.DEFAULT_MODEL)
@@ -183,6 +211,9 @@ def main() -> None:
     parser.add_argument("--scenarios", default="1x4,16x32", help="concurrency x requests, ...")
     parser.add_argument("--quick", action="store_true", help="a short run: 1x2,8x8, 16 tokens")
     parser.add_argument("--json", type=Path, default=Path("bench/pipeline.json"))
+    parser.add_argument(
+        "--tracing", action="store_true", help="compare the shm pipeline with tracing off and on"
+    )
     args = parser.parse_args()
     if args.quick:
         args.scenarios, args.output_len = "1x2,8x8", 16
@@ -204,7 +235,12 @@ def main() -> None:
         results.append(in_process(engine, prompts(n), args.output_len, c, max_seqs))
     del engine
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
-    for transport in ("shm", "grpc"):
+    sink = SpanSink() if args.tracing else None
+    runs = [("shm", False), ("shm", True)] if args.tracing else [("shm", False), ("grpc", False)]
+    for transport, traced in runs:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}"} if sink else {}
+        if not traced:
+            env = {"OTEL_SDK_DISABLED": "true"}  # off even where the shell configured it
         with pipeline(
             log_dir,
             "--model",
@@ -213,20 +249,25 @@ def main() -> None:
             str(max_seqs),
             "--transport",
             transport,
+            env=env,
         ) as served:
             for c, n in scenarios:
-                results.append(
-                    asyncio.run(
-                        through_pipeline(
-                            served.address,
-                            served.scheduler_address,
-                            f"pipeline ({transport} hop)",
-                            prompts(n),
-                            args.output_len,
-                            c,
-                        )
+                before = sink.count if sink else 0
+                summary = asyncio.run(
+                    through_pipeline(
+                        served.address,
+                        served.scheduler_address,
+                        f"pipeline ({transport}{', traced' if traced else ' hop'})",
+                        prompts(n),
+                        args.output_len,
+                        c,
                     )
                 )
+                if sink is not None and traced:
+                    # Spans leave within the batch processor's delay (5 s): count them, untimed.
+                    time.sleep(6.0)
+                    summary.spans = sink.count - before
+                results.append(summary)
 
     print(
         f"\n{path.name}: prompt {args.prompt_len} tokens, output {args.output_len}, CPU "
@@ -235,6 +276,7 @@ def main() -> None:
     header = (
         f"{'system':<22} {'conc':>4} {'req':>4} {'tok/s':>8} {'vs in-proc':>10} "
         f"{'TTFT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7} {'hop p50':>9} {'p99 µs':>7}"
+        + (f" {'spans':>6}" if args.tracing else "")
     )
     print(header)
     baseline = {r.concurrency: r.tokens_per_s for r in results if r.system == "in-process"}
@@ -245,6 +287,7 @@ def main() -> None:
             f"{r.system:<22} {r.concurrency:>4} {r.requests:>4} {r.tokens_per_s:>8.1f} "
             f"{ratio:>9.1%} {r.ttft_p50_ms:>7.0f}ms {r.ttft_p99_ms:>5.0f}ms "
             f"{r.itl_p50_ms:>6.1f}ms {r.itl_p99_ms:>5.1f}ms {hop}"
+            + (f" {r.spans:>6}" if args.tracing else "")
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(

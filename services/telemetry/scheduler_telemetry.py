@@ -219,7 +219,7 @@ class SchedulerTelemetry:
         # tells the worker's (parent-based) sampler to drop the step span too.
         requests = self.requests
         fallback = ""
-        for request_id in _request_ids(plan):
+        for request_id in plan.request_ids:
             req = requests.get(request_id)
             if req is None or not req.phase_parent:
                 continue
@@ -237,9 +237,3 @@ class SchedulerTelemetry:
             back = time.monotonic_ns() - outcome.sent_ns
             if back >= 0:
                 self.metrics.hop_to_scheduler.observe(back * 1e-9)
-
-
-def _request_ids(plan: StepPlan) -> Sequence[str]:
-    # A columnar plan lists its rows' request ids as they are; an older one only as objects.
-    ids = getattr(plan, "request_ids", None)
-    return ids if ids is not None else [seq.request_id for seq in plan.seqs]
