@@ -59,6 +59,11 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
         head = waiting.peek()
         if head is None:
             break
+        if head in s.preempted_now:
+            # Preempted while this very step was built: memory or seats are short, and taking
+            # it back now would only recompute what it just gave up (with a step in flight, its
+            # newest blocks are not even cached yet). vLLM v1 admits no one after a preemption.
+            break
         eff = head.effective_priority(now, cfg.aging_per_s)
         if cfg.isolate_priority_prefill and b.holds_back(head.priority, eff):
             break

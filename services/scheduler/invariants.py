@@ -9,6 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from services.scheduler.errors import InvariantViolation
+from services.scheduler.plan import PLACEHOLDER
 from services.scheduler.request import Status
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def check(s: Scheduler) -> None:
-    problems = _request_problems(s) + _block_problems(s)
+    problems = _request_problems(s) + _block_problems(s) + _flight_problems(s)
     if problems:
         raise InvariantViolation("; ".join(problems))
 
@@ -39,9 +40,15 @@ def _request_problems(s: Scheduler) -> list[str]:
     for r in s.running:
         if r.status is not Status.RUNNING or s.requests.get(r.request_id) is not r:
             out.append(f"{r.request_id} in the running list with status {r.status}")
-        ahead = len(r.token_ids) - r.num_computed_tokens
-        if r.decoding and not (r.num_computed_tokens >= r.num_prompt_tokens and ahead in (0, 1)):
-            out.append(f"{r.request_id} marked decoding with {ahead} tokens to compute")
+        if r.decoding:
+            # Tokens sampled by plans in flight, not known yet: at most one per plan.
+            pending = r.num_computed_tokens + 1 - len(r.token_ids)
+            if r.num_computed_tokens < r.num_prompt_tokens or not 0 <= pending <= len(s.flights):
+                out.append(f"{r.request_id} decoding with {pending} tokens pending")
+            elif (r.last_token == PLACEHOLDER) != (pending > 0) or (
+                not pending and r.last_token != r.token_ids[-1]
+            ):
+                out.append(f"{r.request_id}: last_token {r.last_token} with {pending} pending")
     for r in waiting:
         if s.requests.get(r.request_id) is not r:
             out.append(f"{r.request_id} waiting but not in the request table")
@@ -107,4 +114,28 @@ def _block_problems(s: Scheduler) -> list[str]:
             out.append(f"cache entry points at block {block_id} with another hash")
     if len(bm.cached) != sum(1 for h in bm.block_hashes if h is not None):
         out.append("hashed blocks and cache entries disagree")
+    return out
+
+
+def _flight_problems(s: Scheduler) -> list[str]:
+    """Every row of a plan in flight either still speaks for its request's blocks (the request
+    runs and its table starts with the row's) or is marked dead (valid_from)."""
+    out: list[str] = []
+    ids = [f.plan.step_id for f in s.flights]
+    if ids != list(range(s.next_step_id - len(ids), s.next_step_id)):
+        out.append(f"plans in flight {ids} are not the last ones made ({s.next_step_id})")
+    for flight in s.flights:
+        plan = flight.plan
+        if len(flight.reqs) != plan.num_seqs:
+            out.append(f"step {plan.step_id}: {len(flight.reqs)} requests for {plan.num_seqs} rows")
+        for req, table in zip(flight.reqs, plan.block_tables, strict=False):
+            if req.valid_from > plan.step_id:
+                continue
+            if req.status is not Status.RUNNING:
+                out.append(f"step {plan.step_id}: live row of {req.request_id} ({req.status})")
+            elif req.block_table[: len(table)] != table:
+                out.append(f"step {plan.step_id}: {req.request_id}'s row has another block table")
+    for r in s.requests.values():
+        if r.valid_from > s.next_step_id:
+            out.append(f"{r.request_id}: valid_from {r.valid_from} > next step {s.next_step_id}")
     return out

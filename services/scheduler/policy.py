@@ -85,8 +85,11 @@ class Scheduler:
         self.step_s_ewma = 0.0
         self.long_prefills = LongPrefills()
         self.num_preempted_waiting = 0
+        # Requests preempted by the schedule() call under way: admission leaves them be.
+        self.preempted_now: set[RequestState] = set()
         self._next_order = 0
-        self._next_step = 0
+        # The id of the next non-empty plan (the one being built, inside schedule()).
+        self.next_step_id = 0
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -148,6 +151,7 @@ class Scheduler:
         self.flights.clear()
         self.long_prefills.clear()
         self.num_preempted_waiting = 0
+        self.preempted_now.clear()
         return self.drain_events()
 
     def drain_events(self) -> list[Event]:
@@ -166,6 +170,7 @@ class Scheduler:
                 f"schedule() called while {len(self.flights)} plan(s) await update()"
             )
         now = self.clock()
+        self.preempted_now.clear()
         self._expire(now)
         cfg = self.config
         builder = StepBuilder(cfg.max_num_batched_tokens)
@@ -178,9 +183,9 @@ class Scheduler:
         if deferred:
             admission.schedule_deferred(self, builder, deferred)
         if not builder.num_rows:
-            return StepPlan(self._next_step)
-        plan, reqs = builder.plan(self._next_step, self.forget)
-        self._next_step += 1
+            return StepPlan(self.next_step_id)
+        plan, reqs = builder.plan(self.next_step_id, self.forget)
+        self.next_step_id += 1
         self.forget = []
         self.flights.append(Flight(plan, reqs, now))
         return plan
@@ -232,6 +237,7 @@ class Scheduler:
         else:
             self.running.remove(req)
         self.events.append(Preempted(req.request_id, now, req.num_computed_tokens, cause))
+        self.preempted_now.add(req)
         self._drop_blocks(req)
         req.status = Status.PREEMPTED
         req.num_preemptions += 1
@@ -279,7 +285,7 @@ class Scheduler:
         req.num_registered_blocks = 0
         req.decoding = False
         # Rows already planned for it, in plans in flight, now speak for blocks it lost.
-        req.valid_from = self._next_step
+        req.valid_from = self.next_step_id
         if req.long_prefill:
             self.long_prefills.remove(req)
         if req.known_to_worker:
@@ -328,6 +334,6 @@ class Scheduler:
             prefix_cache_hits=self.prefix_hits,
             num_preemptions=self.num_preemptions,
             num_evictions=blocks.num_evictions,
-            num_steps=self._next_step,
+            num_steps=self.next_step_id,
             num_finished=dict(self.num_finished),
         )
