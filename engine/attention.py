@@ -138,40 +138,39 @@ def build_metadata(
     )
 
 
-def paged_attention(
-    q: torch.Tensor, kv: torch.Tensor, pool: torch.Tensor, meta: AttentionMetadata
+def _prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """q: (T, n_heads, hd); kv: (T, 2, n_kv, hd); pool: (slots, 2, n_kv, hd).
-    Returns (T, n_heads, hd).
+    """q: (n_heads, q_len, hd); k, v: (n_kv, ctx, hd); causal when there is no mask."""
+    if q.is_cuda and k.shape[0] != q.shape[0]:
+        # The fused CUDA kernels (flash, memory-efficient) take GQA only as repeated heads.
+        group = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+    )
 
-    Writes the new K/V into the pool first, so chunks and decodes see their own tokens.
+
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """q: (T, n_heads, hd); k, v: (T, n_kv, hd) of this step, already in the pool
+    (slots, 2, n_kv, hd) so that chunks and decodes see their own tokens. Returns (T, n_heads, hd).
     """
-    pool.index_copy_(0, meta.slot_mapping, kv)
     group = meta.decodes
     if group is not None and not meta.prefills:
         return group.attend(q, pool)  # the common step: decodes only, no scatter back
     out = torch.empty_like(q)
     for span in meta.prefills:
         qs = q[span.q_start : span.q_end].transpose(0, 1)  # (n_heads, q_len, hd)
-        if span.key_slots is None:
-            seq_kv = kv[span.q_start : span.q_end]  # (q_len, 2, n_kv, hd)
-            o = F.scaled_dot_product_attention(
-                qs,
-                seq_kv[:, 0].transpose(0, 1),
-                seq_kv[:, 1].transpose(0, 1),
-                is_causal=True,
-                enable_gqa=True,
-            )
+        if span.key_slots is None:  # a whole prompt: its keys are this step's
+            keys = k[span.q_start : span.q_end].transpose(0, 1)  # (n_kv, q_len, hd)
+            values = v[span.q_start : span.q_end].transpose(0, 1)
         else:
             seq_kv = pool.index_select(0, span.key_slots)  # (ctx, 2, n_kv, hd)
-            o = F.scaled_dot_product_attention(
-                qs,
-                seq_kv[:, 0].transpose(0, 1),
-                seq_kv[:, 1].transpose(0, 1),
-                attn_mask=span.mask,
-                enable_gqa=True,
-            )
-        out[span.q_start : span.q_end] = o.transpose(0, 1)
+            keys, values = seq_kv[:, 0].transpose(0, 1), seq_kv[:, 1].transpose(0, 1)
+        out[span.q_start : span.q_end] = _prefill(qs, keys, values, span.mask).transpose(0, 1)
     if group is not None:
         out.index_copy_(0, group.rows, group.attend(q.index_select(0, group.rows), pool))
     return out

@@ -3,19 +3,20 @@
 Transformer → TransformerBlock → Attention / FeedForward / RMSNorm. The step's tokens of all
 sequences are flattened into one row of T tokens; attention finds each sequence's keys through
 the metadata built once per step (engine/attention.py). Q/K/V and gate/up projections are fused
-into one matmul each. Weights are attached by the loader; nothing here knows file formats.
+into one matmul each. The residual stream is carried beside each sublayer's output so that the
+add and the next RMSNorm are one operation (engine/ops.py: fused kernels on CUDA). Weights are
+attached by the loader; nothing here knows file formats.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
 from engine.attention import AttentionMetadata, paged_attention
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
-from engine.rope import apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -24,12 +25,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused op
-        # Normalise in fp32 whatever the weights' dtype, as the reference implementation does.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
-        return self.weight * normed.to(x.dtype)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add rides along with the norm."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -49,15 +49,13 @@ class Attention(nn.Module):
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        t, hd = x.shape[0], self.head_dim
-        heads = self.n_heads + 2 * self.n_kv_heads
-        qkv = self.wqkv(x).view(t, heads, hd)  # (T, n_heads + 2 n_kv, hd)
-        rope_heads = self.n_heads + self.n_kv_heads
-        qk = apply_rope(qkv[:, :rope_heads], cos, sin)  # Q and K rotated together
-        q = qk[:, : self.n_heads]  # (T, n_heads, hd)
-        kv = torch.cat([qk[:, self.n_heads :], qkv[:, rope_heads:]], dim=1)  # (T, 2 n_kv, hd)
-        out = paged_attention(q, kv.view(t, 2, self.n_kv_heads, hd), kv_pool, meta)
-        return self.wo(out.reshape(t, self.n_heads * hd))
+        t, hd, h, kv = x.shape[0], self.head_dim, self.n_heads, self.n_kv_heads
+        qkv = self.wqkv(x).view(t, h + 2 * kv, hd)  # (T, n_heads + 2 n_kv, hd)
+        # RoPE on Q and K in place, and this step's K and V into the pool.
+        ops.rope_and_store(qkv, cos, sin, kv_pool, meta.slot_mapping, h, kv)
+        q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]  # (T, heads, hd) each
+        out = paged_attention(q, k, v, kv_pool, meta)  # (T, n_heads, hd)
+        return self.wo(out.reshape(t, h * hd))
 
 
 class FeedForward(nn.Module):
@@ -67,8 +65,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(ops.silu_mul(self.w13(x)))
 
 
 class TransformerBlock(nn.Module):
@@ -82,13 +79,18 @@ class TransformerBlock(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, kv_pool, meta)
-        return h + self.feed_forward(self.ffn_norm(h))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output; residual: the stream before it (None at the first
+        layer). Returns this block's MLP output and the stream before it."""
+        h, residual = self.attention_norm(x, residual)
+        x = self.attention(h, cos, sin, kv_pool, meta)
+        h, residual = self.ffn_norm(x, residual)
+        return self.feed_forward(h), residual
 
 
 class Transformer(nn.Module):
@@ -111,9 +113,10 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
         x = self.tok_embeddings(tokens)  # (T, dim)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv.layer(i), meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kv.layer(i), meta)
+        return self.norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, dim) → (N, vocab) in fp32, for the rows that are sampled."""

@@ -107,7 +107,7 @@ class Sampler:
         """logits: (S, V) fp32. positions[i]: where row i's token will go. histories[i]: the
         sequence's tokens so far and its prompt length, for rows with penalties (else None)."""
         device = logits.device
-        raw_logprobs = torch.log_softmax(logits, dim=-1)  # (S, V)
+        raw = logits
         logits = self._apply_penalties(logits, params, histories)
         chosen = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -123,11 +123,15 @@ class Sampler:
             )
             picked = (probs / -torch.log(noise)).argmax(dim=-1)  # exponential race
             chosen = chosen.index_copy(0, rows, picked)
-        logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
+        # Logprobs under the model's own distribution: logit - logsumexp, without writing out
+        # a whole (S, V) log-softmax unless alternatives were asked for.
+        norm = torch.logsumexp(raw, dim=-1)  # (S,)
+        logprobs = raw.gather(1, chosen[:, None])[:, 0] - norm
         n_top = max(p.logprobs for p in params)
         top_ids = top_lp = None
         if n_top:
-            top_lp, top_ids = raw_logprobs.topk(n_top, dim=-1)
+            top_values, top_ids = raw.topk(n_top, dim=-1)
+            top_lp = top_values - norm[:, None]
         return SampledBatch(chosen, logprobs, top_ids, top_lp)
 
     @staticmethod

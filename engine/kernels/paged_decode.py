@@ -3,9 +3,9 @@
 One query token per sequence. Program (b, h, s) takes sequence b, KV head h (and the GQA group
 of query heads that share it), and the s-th partition of the context: PART_BLOCKS blocks read
 through the block table. Each partition leaves an unnormalised partial result with its running
-max and sum (flash-decoding); `combine` merges the partitions. Shapes are fixed by the batch
-size and `max_partitions`, not by the contexts, so the launch can be captured in a CUDA graph:
-partitions past a sequence's end do no work.
+max and sum (flash-decoding); a second kernel merges the partitions. Shapes are fixed by the
+batch size and the partition count, not by the contexts, so the launches can be captured in a
+CUDA graph: partitions past a sequence's end do no work.
 """
 
 from __future__ import annotations
@@ -17,35 +17,16 @@ import triton.language as tl
 
 @triton.jit
 def _partial(
-    q_ptr,
-    pool_ptr,
-    tables_ptr,
-    ctx_ptr,
-    acc_ptr,
-    m_ptr,
-    l_ptr,
-    scale,
-    stride_qb,
-    stride_qh,
-    stride_slot,
-    stride_kv,
-    stride_ph,
-    stride_tb,
-    stride_ab,
-    stride_ah,
-    stride_as,
-    stride_mb,
-    stride_mh,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK: tl.constexpr,
-    PART_BLOCKS: tl.constexpr,
-):
+    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, scale,
+    stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb,
+    stride_ab, stride_ah, stride_as, stride_mb, stride_mh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
-    ctx = tl.load(ctx_ptr + b)
+    ctx = tl.load(ctx_ptr + b * stride_cb)
     g = tl.arange(0, GROUP_PAD)
     heads = kvh * GROUP + g
     hmask = g < GROUP
@@ -54,15 +35,12 @@ def _partial(
     l_out = l_ptr + b * stride_mb + heads * stride_mh + s
     first = s * PART_BLOCKS * BLOCK
     if first >= ctx:
-        # Nothing of this sequence here: a partial that the combine weighs at zero.
+        # Nothing of this sequence here: a partial that the merge weighs at zero.
         tl.store(m_out, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=hmask)
         tl.store(l_out, tl.zeros([GROUP_PAD], tl.float32), mask=hmask)
         return
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-        mask=hmask[:, None],
-        other=0.0,
-    )  # (GROUP_PAD, D)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=hmask[:, None], other=0.0)  # (GROUP_PAD, D)  # fmt: skip
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -90,8 +68,28 @@ def _partial(
     tl.store(l_out, l_i, mask=hmask)
 
 
+@triton.jit
+def _merge(
+    acc_ptr, m_ptr, l_ptr, out_ptr,
+    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
+    PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, PARTS_PAD)
+    d = tl.arange(0, D)
+    smask = s < PARTS
+    m = tl.load(m_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=float("-inf"))
+    lsum = tl.load(l_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=0.0)
+    weight = tl.exp(m - tl.max(m, 0))  # empty partitions: exp(-inf) = 0
+    acc = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s[:, None] * stride_as + d[None, :],
+                  mask=smask[:, None], other=0.0)  # (PARTS_PAD, D)  # fmt: skip
+    out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * lsum, 0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
 class PagedDecode:
-    """Buffers for one batch-size bucket, reused step after step (and by CUDA graphs)."""
+    """Buffers for up to `batch` sequences, reused step after step (and by CUDA graphs)."""
 
     def __init__(
         self,
@@ -102,7 +100,7 @@ class PagedDecode:
         block_size: int,
         max_context: int,
         device: torch.device,
-        part_blocks: int = 16,
+        part_blocks: int = 4,
     ) -> None:
         self.group = n_heads // n_kv_heads
         self.block_size = block_size
@@ -116,44 +114,23 @@ class PagedDecode:
     def __call__(
         self, q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor
     ) -> torch.Tensor:
-        """q: (B, n_heads, hd); pool: (slots, 2, n_kv, hd); tables: (B, max_blocks) int32;
-        context_lens: (B,) int32, each >= 1. Returns (B, n_heads, hd) in q's dtype."""
-        b, _, hd = q.shape
-        n_kv = pool.shape[2]
-        grid = (b, n_kv, self.partitions)
+        """q: (B, n_heads, hd); pool: (slots, 2, n_kv, hd); tables: (B, max_blocks) block ids;
+        context_lens: (B,), each >= 1 (any strides). Returns (B, n_heads, hd) in q's dtype."""
+        b, n_heads, hd = q.shape
         acc, maxes, sums = self.acc[:b], self.m[:b], self.l[:b]
-        _partial[grid](
-            q,
-            pool,
-            tables,
-            context_lens,
-            acc,
-            maxes,
-            sums,
-            hd**-0.5,
-            q.stride(0),
-            q.stride(1),
-            pool.stride(0),
-            pool.stride(1),
-            pool.stride(2),
-            tables.stride(0),
-            acc.stride(0),
-            acc.stride(1),
-            acc.stride(2),
-            maxes.stride(0),
-            maxes.stride(1),
-            GROUP=self.group,
-            GROUP_PAD=max(16, triton.next_power_of_2(self.group)),
-            D=hd,
-            BLOCK=self.block_size,
-            PART_BLOCKS=self.part_blocks,
-        )
-        return combine(acc, maxes, sums).to(q.dtype)
-
-
-def combine(acc: torch.Tensor, maxes: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
-    """Merge partitions: acc (B, H, S, D) unnormalised, maxes and sums (B, H, S) → (B, H, D)."""
-    top = maxes.amax(dim=-1, keepdim=True)  # (B, H, 1)
-    weight = torch.exp(maxes - top)  # (B, H, S); empty partitions weigh exp(-inf) = 0
-    total = (weight * sums).sum(dim=-1)  # (B, H)
-    return (weight[..., None] * acc).sum(dim=-2) / total[..., None]
+        _partial[(b, pool.shape[2], self.partitions)](
+            q, pool, tables, context_lens, acc, maxes, sums, hd**-0.5,
+            q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
+            tables.stride(0), context_lens.stride(0),
+            acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
+            GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
+            BLOCK=self.block_size, PART_BLOCKS=self.part_blocks,
+        )  # fmt: skip
+        out = torch.empty_like(q)
+        _merge[(b, n_heads)](
+            acc, maxes, sums, out,
+            acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
+            out.stride(0), out.stride(1),
+            PARTS=self.partitions, PARTS_PAD=triton.next_power_of_2(self.partitions), D=hd,
+        )  # fmt: skip
+        return out

@@ -27,8 +27,11 @@ def check_paged_decode() -> None:
         tables[i, :n] = order[used : used + n]
         used += n
     q = torch.randn(b, heads, hd)
+    # Context lengths as a strided column, as CUDA graphs keep them.
+    rows = torch.zeros(b, 3, dtype=torch.int64)
+    rows[:, 1] = ctx
     out = PagedDecode(b, heads, kv_heads, hd, bs, 512, torch.device("cpu"), part_blocks=4)(
-        q, pool, tables, ctx
+        q, pool, tables, rows[:, 1]
     )
     for i in range(b):
         c = int(ctx[i])
@@ -60,6 +63,52 @@ def check_w8a16() -> None:
             sys.exit(1)
 
 
+def check_fused() -> None:
+    import torch.nn.functional as F
+
+    from engine.kernels import fused
+    from engine.rope import apply_rope
+
+    torch.manual_seed(0)
+    x, res, w = torch.randn(5, 96), torch.randn(5, 96), torch.randn(96)
+    out, summed = fused.add_rms_norm(x, res, w, 1e-5)
+    want = F.rms_norm(x + res, (96,), w, 1e-5)
+    err = max(float((out - want).abs().max()), float((summed - (x + res)).abs().max()))
+    alone, kept = fused.add_rms_norm(x, None, w, 1e-5)
+    err = max(err, float((alone - F.rms_norm(x, (96,), w, 1e-5)).abs().max()))
+    print(f"add + rms norm: max error {err:.2e}")
+    if err > 1e-5 or not torch.equal(kept, x):
+        sys.exit(1)
+
+    t, h, kv, hd = 4, 6, 2, 32
+    qkv = torch.randn(t, h + 2 * kv, hd)
+    angles = torch.rand(t, hd // 2) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    pool = torch.zeros(20, 2, kv, hd)
+    slots = torch.tensor([3, 9, 0, 17])
+    expect_q = apply_rope(qkv[:, :h], cos, sin)
+    expect_k = apply_rope(qkv[:, h : h + kv], cos, sin)
+    expect_v = qkv[:, h + kv :].clone()
+    fused.rope_and_store(qkv, cos, sin, pool, slots, h, kv)
+    err = max(
+        float((qkv[:, :h] - expect_q).abs().max()),
+        float((pool[slots, 0] - expect_k).abs().max()),
+        float((pool[slots, 1] - expect_v).abs().max()),
+    )
+    print(f"rope + kv store: max error {err:.2e}")
+    if err > 1e-5:
+        sys.exit(1)
+
+    gate_up = torch.randn(3, 2 * 1500)
+    err = float(
+        (fused.silu_mul(gate_up) - F.silu(gate_up[:, :1500]) * gate_up[:, 1500:]).abs().max()
+    )
+    print(f"silu * up: max error {err:.2e}")
+    if err > 1e-5:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     check_paged_decode()
     check_w8a16()
+    check_fused()

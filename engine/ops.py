@@ -1,0 +1,55 @@
+"""The model's few fusable operations, in PyTorch on CPU and as fused Triton kernels on CUDA."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.rope import apply_rope
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual); with no residual, of x alone."""
+    if x.is_cuda:
+        from engine.kernels.fused import add_rms_norm as fused
+
+        return fused(x, residual, weight, eps)
+    summed = x if residual is None else x + residual
+    if summed.dtype == torch.float32:
+        return F.rms_norm(summed, (summed.shape[-1],), weight, eps), summed  # one fused op
+    # Normalise in fp32 whatever the weights' dtype, as the reference implementation does.
+    normed = F.rms_norm(summed.float(), (summed.shape[-1],), None, eps)
+    return weight * normed.to(summed.dtype), summed
+
+
+def rope_and_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+) -> None:
+    """qkv: (T, n_heads + 2 n_kv, hd): RoPE on Q and K in place, then K and V into the pool."""
+    if qkv.is_cuda:
+        from engine.kernels.fused import rope_and_store as fused
+
+        fused(qkv, cos, sin, pool, slots, n_heads, n_kv)
+        return
+    t, _, hd = qkv.shape
+    rotated = n_heads + n_kv
+    qkv[:, :rotated] = apply_rope(qkv[:, :rotated], cos, sin)
+    pool.index_copy_(0, slots, qkv[:, n_heads:].reshape(t, 2, n_kv, hd))
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(T, 2F) gate then up → (T, F) silu(gate) * up."""
+    if gate_up.is_cuda:
+        from engine.kernels.fused import silu_mul as fused
+
+        return fused(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
