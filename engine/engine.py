@@ -234,11 +234,13 @@ class Engine:
                     f"sequence {seq.seq_id} reaches position {end}, beyond the model's context "
                     f"of {self.config.max_seq_len}",
                 )
-            if any(t < 0 or t >= vocab for t in seq.token_ids):
+            # min/max run in C: a step of hundreds of sequences checks in microseconds.
+            if min(seq.token_ids) < 0 or max(seq.token_ids) >= vocab:
                 raise InvalidRequest(
                     "token_ids", f"sequence {seq.seq_id} has ids outside [0, {vocab})"
                 )
-            if any(b < 0 or b >= self.kv.num_blocks for b in seq.block_table):
+            table = seq.block_table
+            if len(table) and (min(table) < 0 or max(table) >= self._num_blocks):
                 raise InvalidRequest(
                     "block_table", f"sequence {seq.seq_id} names blocks outside the pool"
                 )
