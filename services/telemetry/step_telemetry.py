@@ -4,15 +4,15 @@ The span's parent is the request phase span the scheduler named in StepDescripto
 (so a request running alone has all its steps in its own trace), and it links to the request
 span of every sequence in the batch: the link is made once per sequence, from
 NewSequence.traceparent, and reused for every step it runs in. Runs on the thread that runs the
-step (the ring thread, or a gRPC Step call's worker thread).
+step (the ring thread, or a gRPC Step call's worker thread), after the step's outcome is sent.
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, Status, StatusCode
+from opentelemetry.trace import Link, Status, StatusCode
 
 from services.telemetry.propagation import context_of, span_context_of
 from services.telemetry.tracing import Tracing
@@ -29,6 +29,7 @@ class StepTelemetry:
         self.tracing_on = self.tracing.enabled
         self.metrics = metrics or WorkerMetrics("")
         self.links: dict[int, Link] = {}
+        self.pending: list[_Step] = []
         self._parent = ""
         self._parent_ctx: Context = _ROOT
 
@@ -36,10 +37,39 @@ class StepTelemetry:
         """A new scheduler attached: its sequence ids start over."""
         self.links.clear()
 
-    def begin(self, desc: hp.StepDescriptor) -> tuple[float, Span | None]:
-        started = time.perf_counter()
-        if not self.tracing_on:
-            return started, None
+    def record(
+        self,
+        desc: hp.StepDescriptor,
+        outcome: hp.StepOutcome | None,
+        start_ns: int,
+        duration_s: float,
+        error: BaseException | None = None,
+    ) -> None:
+        """Note a step that ran; nothing is made until `flush`."""
+        self.pending.append(_Step(desc, outcome, start_ns, duration_s, error))
+
+    def flush(self) -> None:
+        """Make the spans and observations of the steps recorded since the last flush. Called
+        once the step's outcome is on its way, so that the (per-link) span work overlaps the
+        scheduler's planning of the next step instead of delaying its outcome."""
+        pending, self.pending = self.pending, []
+        for step in pending:
+            self._observe(step)
+            if self.tracing_on:
+                self._span(step)
+
+    def _observe(self, step: _Step) -> None:
+        m, desc = self.metrics, step.desc
+        m.step_duration.observe(step.duration_s)
+        m.batch_size.observe(len(desc.seq_ids))
+        m.iteration_tokens.observe(desc.num_prefill_tokens + desc.num_decode_tokens)
+        m.prefill_tokens.inc(desc.num_prefill_tokens)
+        m.decode_tokens.inc(desc.num_decode_tokens)
+        if step.error is not None or (step.outcome is not None and step.outcome.error):
+            m.failures.inc()
+
+    def _span(self, step: _Step) -> None:
+        desc, outcome, error = step.desc, step.outcome, step.error
         links = self.links
         for seq_id in desc.finished_seq_ids:
             links.pop(seq_id, None)
@@ -55,6 +85,7 @@ class StepTelemetry:
             "step",
             context=self._parent_ctx,
             links=[links[s] for s in desc.seq_ids if s in links],
+            start_time=step.start_ns,
             attributes={
                 "tandem.step.id": desc.step_id,
                 "tandem.step.batch_size": len(desc.seq_ids),
@@ -65,27 +96,6 @@ class StepTelemetry:
                 "tandem.kv.blocks_in_step": sum(desc.block_counts),
             },
         )
-        return started, span
-
-    def end(
-        self,
-        started: float,
-        span: Span | None,
-        desc: hp.StepDescriptor,
-        outcome: hp.StepOutcome | None,
-        error: BaseException | None = None,
-    ) -> None:
-        m = self.metrics
-        m.step_duration.observe(time.perf_counter() - started)
-        m.batch_size.observe(len(desc.seq_ids))
-        m.iteration_tokens.observe(desc.num_prefill_tokens + desc.num_decode_tokens)
-        m.prefill_tokens.inc(desc.num_prefill_tokens)
-        m.decode_tokens.inc(desc.num_decode_tokens)
-        failed = error is not None or (outcome is not None and bool(outcome.error))
-        if failed:
-            m.failures.inc()
-        if span is None:
-            return
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -94,4 +104,13 @@ class StepTelemetry:
             if outcome.error:
                 span.set_attribute("tandem.step.failed_sequences", len(outcome.failed_seq_ids))
                 span.set_status(Status(StatusCode.ERROR, outcome.error))
-        span.end()
+        span.end(step.start_ns + int(step.duration_s * 1e9))
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    desc: hp.StepDescriptor
+    outcome: hp.StepOutcome | None
+    start_ns: int  # since the epoch
+    duration_s: float
+    error: BaseException | None

@@ -44,13 +44,15 @@ class StepRunner:
         self.telemetry.reset()
 
     def run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
-        started, span = self.telemetry.begin(desc)
+        """One step; its telemetry waits for `telemetry.flush()` once the outcome is sent."""
+        start_ns, started = time.time_ns(), time.perf_counter()
         try:
             outcome = self._run(desc)
         except BaseException as err:
-            self.telemetry.end(started, span, desc, None, err)
+            self.telemetry.record(desc, None, start_ns, time.perf_counter() - started, err)
+            self.telemetry.flush()
             raise
-        self.telemetry.end(started, span, desc, outcome)
+        self.telemetry.record(desc, outcome, start_ns, time.perf_counter() - started)
         return outcome
 
     def _run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:

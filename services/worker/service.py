@@ -61,6 +61,7 @@ class RingLoop(threading.Thread):
                 outcome.received_ns = received
                 outcome.sent_ns = time.monotonic_ns()
                 self.results.put(outcome.SerializeToString())
+                self.runner.telemetry.flush()  # while the scheduler plans the next step
         except PeerGone:
             log.info("scheduler closed the step ring; the worker waits to be attached again")
         except Exception:
@@ -129,7 +130,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         def run() -> hp.StepOutcome:
             with self.lock:
-                return self.runner.run(request)
+                outcome = self.runner.run(request)
+                self.runner.telemetry.flush()
+                return outcome
 
         outcome = await asyncio.to_thread(run)
         outcome.received_ns = received

@@ -173,8 +173,9 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
     first = step(0, [1, 2], {1: REQUEST_SPAN, 2: other}, REQUEST_SPAN)
     second = step(1, [1, 2], {}, REQUEST_SPAN)
     for desc in (first, second):
-        started, span = t.begin(desc)
-        t.end(started, span, desc, hp.StepOutcome(step_id=desc.step_id, seq_ids=[1, 2]))
+        t.record(desc, hp.StepOutcome(step_id=desc.step_id, seq_ids=[1, 2]), 10**18, 0.5)
+    assert not recorded.named("step")  # made only once the outcome is on its way
+    t.flush()
     spans = recorded.named("step")
     assert len(spans) == 2
     request, linked = span_context_of(REQUEST_SPAN), span_context_of(other)
@@ -187,6 +188,7 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
         }
         assert span.attributes["tandem.step.batch_size"] == 2
         assert span.attributes["tandem.kv.blocks_in_use"] == 7
+        assert span.start_time == 10**18 and span.end_time == 10**18 + 500_000_000
     assert sample(metrics, "tandem_step_duration_seconds_count") == 2
     assert sample(metrics, "tandem_step_tokens_total", kind="prefill") == 8
     assert sample(metrics, "tandem_step_tokens_total", kind="decode") == 2
@@ -197,8 +199,8 @@ def test_a_failed_step_is_an_error_span_and_counted(recorded: Recorded) -> None:
     metrics = WorkerMetrics("m")
     t = StepTelemetry(recorded.tracing, metrics)
     desc = step(0, [1], {1: REQUEST_SPAN}, REQUEST_SPAN)
-    started, span = t.begin(desc)
-    t.end(started, span, desc, None, RuntimeError("boom"))
+    t.record(desc, None, 10**18, 0.1, RuntimeError("boom"))
+    t.flush()
     [failed] = recorded.named("step")
     assert failed.status.status_code is StatusCode.ERROR
     assert [e.name for e in failed.events] == ["exception"]
