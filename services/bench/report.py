@@ -71,9 +71,8 @@ def table(runs: Sequence[TargetRun]) -> str:
 
 
 def _line(label: str, values: Sequence[str], label_width: int, widths: Sequence[int]) -> str:
-    return "  ".join(
-        [label.ljust(label_width), *(v.rjust(w) for v, w in zip(values, widths, strict=True))]
-    )
+    cells = (v.rjust(w) for v, w in zip(values, widths, strict=True))
+    return "  ".join([label.ljust(label_width), *cells]).rstrip()
 
 
 def failure_lines(runs: Sequence[TargetRun]) -> list[str]:
