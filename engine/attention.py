@@ -142,14 +142,20 @@ def _prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
     """q: (n_heads, q_len, hd); k, v: (n_kv, ctx, hd); causal when there is no mask."""
-    if q.is_cuda and k.shape[0] != q.shape[0]:
-        # The fused CUDA kernels (flash, memory-efficient) take GQA only as repeated heads.
-        group = q.shape[0] // k.shape[0]
-        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-    )
+    # Fused kernels (flash, memory-efficient) want 4-D inputs; 3-D ones fall back to the math
+    # path, which on CUDA also upcasts to fp32 and materialises the scores.
+    q, k, v = q[None], k[None], v[None]  # (1, heads, len, hd)
+    mask4 = None if mask is None else mask[None, None]
+    if q.is_cuda and k.shape[1] != q.shape[1]:
+        # On CUDA those kernels take GQA only as repeated heads.
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4, is_causal=mask is None)
+    else:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask4, is_causal=mask is None, enable_gqa=True
+        )
+    return out[0]
 
 
 def paged_attention(

@@ -30,9 +30,12 @@ def check_paged_decode() -> None:
     # Context lengths as a strided column, as CUDA graphs keep them.
     rows = torch.zeros(b, 3, dtype=torch.int64)
     rows[:, 1] = ctx
-    out = PagedDecode(b, heads, kv_heads, hd, bs, 512, torch.device("cpu"), part_blocks=4)(
-        q, pool, tables, rows[:, 1]
-    )
+    cpu = torch.device("cpu")
+    split = PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=4)
+    # One program per sequence and head, looping over every partition of its context.
+    whole = PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=2, target_programs=1)
+    out = split(q, pool, tables, rows[:, 1])
+    looped = whole(q, pool, tables, rows[:, 1])
     for i in range(b):
         c = int(ctx[i])
         pos = torch.arange(c)
@@ -41,7 +44,7 @@ def check_paged_decode() -> None:
         v = pool[slots, 1].repeat_interleave(heads // kv_heads, 1)
         scores = torch.einsum("hd,chd->hc", q[i], k) / math.sqrt(hd)
         ref = torch.einsum("hc,chd->hd", scores.softmax(-1), v)
-        err = float((out[i] - ref).abs().max())
+        err = max(float((out[i] - ref).abs().max()), float((looped[i] - ref).abs().max()))
         print(f"paged decode, context {c}: max error {err:.2e}")
         if err > 1e-4:
             sys.exit(1)

@@ -130,8 +130,8 @@ def test_random_8b_shaped_model_agrees_with_transformers(tandem_home: Path) -> N
     with torch.no_grad():
         want = reference(torch.tensor([ids], device=CUDA)).logits[0].float()
     got = ours.model.logits(ours.forward([SeqInput("s", ids, 0, list(range(4)))])).float()
-    assert rel(got, want) < 0.1
-    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) > 0.9
+    # Random weights give flat logits, where bf16 noise flips near-ties: compare in L2.
+    assert float((got - want).norm() / want.norm()) < 5e-2
 
 
 def test_int8_model_stays_close_to_bf16(default_model: Path) -> None:

@@ -25,6 +25,8 @@ BASE: dict[str, Any] = {"num_kv_blocks": 16, "block_size": 4, "max_model_len": 6
         ("max_waiting_tokens", 0),
         ("window_max_seqs", 0),
         ("aging_per_s", -0.1),
+        ("lower_priority_prefill_tokens", -1),
+        ("priority_horizon_s", -1.0),
         ("max_wait_us", -1.0),
         ("session_kv_fraction", 1.5),
         ("block_size", 2.5),

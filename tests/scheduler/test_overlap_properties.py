@@ -45,9 +45,12 @@ class OverlapMachine(RuleBasedStateMachine):
         chunked=st.booleans(),
         caching=st.booleans(),
         isolate=st.booleans(),
+        yield_tokens=st.sampled_from([0, 4, 192]),
         num_kv_blocks=st.integers(10, 40),
     )
-    def setup(self, chunked: bool, caching: bool, isolate: bool, num_kv_blocks: int) -> None:
+    def setup(
+        self, chunked: bool, caching: bool, isolate: bool, yield_tokens: int, num_kv_blocks: int
+    ) -> None:
         self.rig = create_rig(
             model=MODEL,
             num_kv_blocks=num_kv_blocks,
@@ -59,6 +62,8 @@ class OverlapMachine(RuleBasedStateMachine):
             enable_chunked_prefill=chunked,
             enable_prefix_caching=caching,
             isolate_priority_prefill=isolate,
+            lower_priority_prefill_tokens=yield_tokens,
+            priority_horizon_s=0.1,
             max_waiting_requests=6,
             aging_per_s=2.0,
             session_kv_fraction=0.3,

@@ -115,6 +115,45 @@ def test_a_high_priority_prefill_gets_a_step_without_low_priority_prefill() -> N
     assert {s.request_id for s in plan.seqs} == {"long0", "high0"}
 
 
+def prefill_rows(plan) -> list[tuple[str, int]]:
+    return [(s.request_id, len(s.token_ids)) for s in plan.seqs if len(s.token_ids) > 1]
+
+
+def test_lower_priority_prefill_yields_while_higher_priority_traffic_arrives() -> None:
+    rig = create_rig(
+        max_num_batched_tokens=64,
+        long_prefill_token_threshold=64,
+        lower_priority_prefill_tokens=12,
+        priority_horizon_s=1.0,
+    )
+    rig.add(*create_requests(2, id_prefix="low", prompt_len=40, max_tokens=4))
+    # One priority only: nobody is lower, prefill takes the whole budget.
+    plan, _ = rig.step()
+    assert prefill_rows(plan) == [("low0", 40), ("low1", 24)]
+    (high,) = create_requests(1, id_prefix="high", prompt_len=30, max_tokens=2, priority=1)
+    rig.add(high)
+    plan, _ = rig.step()
+    # The high prompt alone (isolation), then the low ones share 12 tokens a step between them.
+    assert prefill_rows(plan) == [("high0", 30)]
+    plan, _ = rig.step()
+    assert prefill_rows(plan) == [("low1", 12)]
+    # Once no higher-priority request has arrived for the horizon, the limit lifts.
+    rig.clock.advance(1.0)
+    rig.add(*create_requests(1, id_prefix="late", prompt_len=40, max_tokens=2))
+    plan, _ = rig.step()
+    assert prefill_rows(plan) == [("low1", 4), ("late0", 40)]
+    rig.run()
+
+
+def test_yielding_off_gives_lower_priority_the_budget() -> None:
+    rig = create_rig(max_num_batched_tokens=64, lower_priority_prefill_tokens=0)
+    rig.add(*create_requests(1, id_prefix="high", prompt_len=4, max_tokens=8, priority=1))
+    rig.step()
+    rig.add(*create_requests(1, id_prefix="low", prompt_len=40, max_tokens=2))
+    plan, _ = rig.step()
+    assert prefill_rows(plan) == [("low0", 32)]
+
+
 def run_low_under_high_load(aging_per_s: float) -> tuple[float, list[tuple[float, float]]]:
     """One low-priority request among a sustained, growing backlog of high-priority ones.
     Returns the low one's arrival and admission, and (arrival, admission) of every high one."""

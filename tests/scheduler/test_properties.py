@@ -27,11 +27,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         chunked=st.booleans(),
         caching=st.booleans(),
         isolate=st.booleans(),
+        yield_tokens=st.sampled_from([0, 4, 192]),
         max_wait_us=st.sampled_from([0.0, 2000.0]),
         num_kv_blocks=st.integers(12, 40),
     )
     def setup(
-        self, chunked: bool, caching: bool, isolate: bool, max_wait_us: float, num_kv_blocks: int
+        self,
+        chunked: bool,
+        caching: bool,
+        isolate: bool,
+        yield_tokens: int,
+        max_wait_us: float,
+        num_kv_blocks: int,
     ) -> None:
         self.rig = create_rig(
             num_kv_blocks=num_kv_blocks,
@@ -43,6 +50,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             enable_chunked_prefill=chunked,
             enable_prefix_caching=caching,
             isolate_priority_prefill=isolate,
+            lower_priority_prefill_tokens=yield_tokens,
+            priority_horizon_s=0.1,
             max_waiting_requests=6,
             aging_per_s=2.0,
             max_wait_us=max_wait_us,
