@@ -1,11 +1,11 @@
 """Decode attention straight from the paged KV pool (Triton), split over the context.
 
 One query token per sequence. Program (b, h, s) takes sequence b, KV head h (and the GQA group
-of query heads that share it), and every SPLITS-th partition of the context from the s-th on (a
-partition is PART_BLOCKS blocks read through the block table). Each program leaves an
-unnormalised partial result with its running max and sum (flash-decoding); a second kernel
-merges them. Shapes are fixed by the batch size alone, not by the contexts, so the launches can
-be captured in a CUDA graph: programs past a sequence's end do no work.
+of query heads that share it), and the s-th partition of the context: PART_BLOCKS blocks read
+through the block table. Each partition leaves an unnormalised partial result with its running
+max and sum (flash-decoding); a second kernel merges the partitions. Shapes are fixed by the
+batch size alone, not by the contexts, so the launches can be captured in a CUDA graph:
+partitions past a sequence's end return at once.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ def _partial(
     stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb,
     stride_ab, stride_ah, stride_as, stride_mb, stride_mh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr, SPLITS: tl.constexpr,
+    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    s = tl.program_id(2)  # this program takes partitions s, s + SPLITS, s + 2 SPLITS, ...
+    s = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b * stride_cb)
     g = tl.arange(0, GROUP_PAD)
     heads = kvh * GROUP + g
@@ -33,8 +33,7 @@ def _partial(
     d = tl.arange(0, D)
     m_out = m_ptr + b * stride_mb + heads * stride_mh + s
     l_out = l_ptr + b * stride_mb + heads * stride_mh + s
-    n_parts = tl.cdiv(ctx, PART_BLOCKS * BLOCK)
-    if s >= n_parts:
+    if s * PART_BLOCKS * BLOCK >= ctx:
         # Nothing of this sequence here: a partial that the merge weighs at zero.
         tl.store(m_out, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=hmask)
         tl.store(l_out, tl.zeros([GROUP_PAD], tl.float32), mask=hmask)
@@ -45,27 +44,23 @@ def _partial(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
     offs = tl.arange(0, BLOCK)
-    part = s
-    while part < n_parts:  # a while, not a range: Triton's interpreter needs static bounds
-        for j in range(PART_BLOCKS):
-            index = part * PART_BLOCKS + j
-            tok = index * BLOCK + offs
-            valid = tok < ctx
-            block_id = tl.load(tables_ptr + b * stride_tb + index, mask=index * BLOCK < ctx,
-                               other=0)  # fmt: skip
-            slot = block_id.to(tl.int64) * BLOCK + offs
-            base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-            k = tl.load(base, mask=valid[:, None], other=0.0)  # (BLOCK, D)
-            v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, BLOCK)
-            scores = tl.where(valid[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            p = tl.exp(scores - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m_i = m_new
-        part += SPLITS
+    for j in range(PART_BLOCKS):  # static bounds: the loads pipeline
+        index = s * PART_BLOCKS + j
+        tok = index * BLOCK + offs
+        valid = tok < ctx
+        block_id = tl.load(tables_ptr + b * stride_tb + index, mask=index * BLOCK < ctx, other=0)
+        slot = block_id.to(tl.int64) * BLOCK + offs
+        base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
+        k = tl.load(base, mask=valid[:, None], other=0.0)  # (BLOCK, D)
+        v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, BLOCK)
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
     out = acc_ptr + b * stride_ab + heads[:, None] * stride_ah + s * stride_as + d[None, :]
     tl.store(out, acc, mask=hmask[:, None])
     tl.store(m_out, m_i, mask=hmask)
@@ -95,9 +90,9 @@ def _merge(
 class PagedDecode:
     """Buffers for up to `batch` sequences, reused step after step (and by CUDA graphs).
 
-    A small batch splits each context over many programs (latency); a large one gives each
-    sequence and KV head one program (the batch is parallelism enough), so the grid never
-    carries thousands of idle programs.
+    A small batch splits each context into short partitions, so many programs share one
+    sequence (latency); a large batch gets long partitions, since the batch is parallelism
+    enough and a long static loop pipelines its loads.
     """
 
     def __init__(
@@ -109,23 +104,26 @@ class PagedDecode:
         block_size: int,
         max_context: int,
         device: torch.device,
-        part_blocks: int = 4,
-        target_programs: int = 256,
+        part_blocks: int | None = None,
     ) -> None:
         self.group = n_heads // n_kv_heads
         self.n_kv = n_kv_heads
         self.block_size = block_size
-        self.part_blocks = part_blocks
-        self.target = target_programs
-        max_parts = -(-max_context // (block_size * part_blocks))
-        self.max_splits = max_parts
-        rows = max(b * self.splits(b) for b in range(1, batch + 1))
+        self.max_context = max_context
+        self.fixed_part_blocks = part_blocks
+        rows = max(b * self.partitions(b) for b in range(1, batch + 1))
         self.acc = torch.empty(rows * n_heads * head_dim, dtype=torch.float32, device=device)
         self.m = torch.empty(rows * n_heads, dtype=torch.float32, device=device)
         self.l = torch.empty(rows * n_heads, dtype=torch.float32, device=device)
 
-    def splits(self, batch: int) -> int:
-        return max(1, min(self.max_splits, self.target // (batch * self.n_kv)))
+    def part_blocks(self, batch: int) -> int:
+        if self.fixed_part_blocks is not None:
+            return self.fixed_part_blocks
+        programs = batch * self.n_kv
+        return 4 if programs <= 64 else (16 if programs <= 512 else 32)
+
+    def partitions(self, batch: int) -> int:
+        return -(-self.max_context // (self.block_size * self.part_blocks(batch)))
 
     def __call__(
         self, q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor
@@ -133,23 +131,23 @@ class PagedDecode:
         """q: (B, n_heads, hd); pool: (slots, 2, n_kv, hd); tables: (B, max_blocks) block ids;
         context_lens: (B,), each >= 1 (any strides). Returns (B, n_heads, hd) in q's dtype."""
         b, n_heads, hd = q.shape
-        splits = self.splits(b)
-        acc = self.acc[: b * n_heads * splits * hd].view(b, n_heads, splits, hd)
-        maxes = self.m[: b * n_heads * splits].view(b, n_heads, splits)
-        sums = self.l[: b * n_heads * splits].view(b, n_heads, splits)
-        _partial[(b, self.n_kv, splits)](
+        parts = self.partitions(b)
+        acc = self.acc[: b * n_heads * parts * hd].view(b, n_heads, parts, hd)
+        maxes = self.m[: b * n_heads * parts].view(b, n_heads, parts)
+        sums = self.l[: b * n_heads * parts].view(b, n_heads, parts)
+        _partial[(b, self.n_kv, parts)](
             q, pool, tables, context_lens, acc, maxes, sums, hd**-0.5,
             q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
             tables.stride(0), context_lens.stride(0),
             acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
             GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
-            BLOCK=self.block_size, PART_BLOCKS=self.part_blocks, SPLITS=splits,
+            BLOCK=self.block_size, PART_BLOCKS=self.part_blocks(b),
         )  # fmt: skip
         out = torch.empty_like(q)
         _merge[(b, n_heads)](
             acc, maxes, sums, out,
             acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
             out.stride(0), out.stride(1),
-            PARTS=splits, PARTS_PAD=triton.next_power_of_2(splits), D=hd,
+            PARTS=parts, PARTS_PAD=triton.next_power_of_2(parts), D=hd,
         )  # fmt: skip
         return out

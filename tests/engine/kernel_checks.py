@@ -32,8 +32,8 @@ def check_paged_decode() -> None:
     rows[:, 1] = ctx
     cpu = torch.device("cpu")
     split = PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=4)
-    # One program per sequence and head, looping over every partition of its context.
-    whole = PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=2, target_programs=1)
+    # Long partitions: one program walks up to 32 blocks of a context.
+    whole = PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=32)
     out = split(q, pool, tables, rows[:, 1])
     looped = whole(q, pool, tables, rows[:, 1])
     for i in range(b):

@@ -127,11 +127,18 @@ def test_random_8b_shaped_model_agrees_with_transformers(tandem_home: Path) -> N
     reference.model.rotary_emb = type(reference.model.rotary_emb)(config=config, device=CUDA)
     reference.eval()
     ids = prompt(48, ours.config.vocab_size)
+    tokens = torch.tensor([ids], device=CUDA)
     with torch.no_grad():
-        want = reference(torch.tensor([ids], device=CUDA)).logits[0].float()
+        want = reference(tokens).logits[0].float()
+        # transformers' own bf16 arithmetic on the same weights: what "bf16 tolerance" means
+        # for 32 layers of random weights.
+        theirs = reference.to(torch.bfloat16)(tokens).logits[0].float()
     got = ours.model.logits(ours.forward([SeqInput("s", ids, 0, list(range(4)))])).float()
-    # Random weights give flat logits, where bf16 noise flips near-ties: compare in L2.
-    assert float((got - want).norm() / want.norm()) < 5e-2
+
+    def l2(a: torch.Tensor) -> float:
+        return float((a - want).norm() / want.norm())
+
+    assert l2(got) <= 1.5 * l2(theirs) + 1e-3, (l2(got), l2(theirs))
 
 
 def test_int8_model_stays_close_to_bf16(default_model: Path) -> None:
