@@ -103,7 +103,9 @@ def served(
 
 
 def overload_priority(quick: bool) -> dict[str, float]:
-    """2× overload, 10% of it high priority: high TTFT against the same requests alone."""
+    """2× overload, 10% of it high priority: high TTFT against the same requests alone, with
+    lower-priority prefill yielding to the high-priority traffic (the default, 192 tokens a
+    step) and without (`_yield_off`); the low-priority side's cost of it in throughput and ITL."""
     rng = random.Random(1)
     # Capacity: a saturating batch of the same mix, all at once.
     batch = [(0.0, chat_request(rng, f"c{i}")) for i in range(300 if quick else 600)]
@@ -115,30 +117,38 @@ def overload_priority(quick: bool) -> dict[str, float]:
     for i, at in enumerate(arrivals):
         is_hi = rng.random() < 0.1
         workload.append((at, chat_request(rng, f"{'h' if is_hi else 'l'}{i}", 1 if is_hi else 0)))
-    overload, _ = simulate(workload, max_waiting_requests=512)
     alone, _ = simulate([(at, r) for at, r in workload if r.priority == 1])
 
     def is_high(r: Request) -> bool:
         return r.priority == 1
 
-    high = [r.ttft or 0.0 for r in served(overload.records, is_high)]
     base = [r.ttft or 0.0 for r in served(alone.records, is_high)]
-    low = served(overload.records, lambda r: r.priority == 0)
-    rejected = sum(1 for r in overload.records.values() if r.rejected)
-    return {
+    out: dict[str, float] = {
         "capacity_rps": capacity,
         "offered_rps": len(workload) / duration,
-        "high_ttft_p50_s": pct(high, 50),
-        "high_ttft_p99_s": pct(high, 99),
         "idle_high_ttft_p50_s": pct(base, 50),
         "idle_high_ttft_p99_s": pct(base, 99),
-        "high_ttft_p50_ratio": pct(high, 50) / pct(base, 50),
-        "high_ttft_p99_ratio": pct(high, 99) / pct(base, 99),
-        "low_max_wait_s": max(r.queue_wait or 0.0 for r in low),
-        "low_ttft_p50_s": pct([r.ttft or 0.0 for r in low], 50),
-        "rejected_fraction": rejected / len(workload),
-        "preemptions": overload.scheduler.stats().num_preemptions,
     }
+    for suffix, overrides in (("", {}), ("_yield_off", {"lower_priority_prefill_tokens": 0})):
+        overload, _ = simulate(workload, max_waiting_requests=512, **overrides)
+        high = [r.ttft or 0.0 for r in served(overload.records, is_high)]
+        low = served(overload.records, lambda r: r.priority == 0)
+        itl = [gap for r in low for gap in r.inter_token_latencies]
+        rejected = sum(1 for r in overload.records.values() if r.rejected)
+        out |= {
+            f"high_ttft_p50_s{suffix}": pct(high, 50),
+            f"high_ttft_p99_s{suffix}": pct(high, 99),
+            f"high_ttft_p50_ratio{suffix}": pct(high, 50) / pct(base, 50),
+            f"high_ttft_p99_ratio{suffix}": pct(high, 99) / pct(base, 99),
+            f"low_max_wait_s{suffix}": max(r.queue_wait or 0.0 for r in low),
+            f"low_ttft_p50_s{suffix}": pct([r.ttft or 0.0 for r in low], 50),
+            f"low_output_tok_s{suffix}": sum(len(r.tokens) for r in low) / duration,
+            f"low_itl_p50_ms{suffix}": pct(itl, 50) * 1e3,
+            f"low_itl_p99_ms{suffix}": pct(itl, 99) * 1e3,
+            f"rejected_fraction{suffix}": rejected / len(workload),
+            f"preemptions{suffix}": overload.scheduler.stats().num_preemptions,
+        }
+    return out
 
 
 def shared_prefix(quick: bool) -> dict[str, float]:

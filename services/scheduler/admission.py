@@ -87,12 +87,14 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
             # Let shorter requests pass instead of blocking the queue behind it.
             skipped.append(waiting.pop())
             continue
-        chunk = min(remaining, budget, threshold) if is_long else min(remaining, budget)
-        if chunk < remaining and not cfg.enable_chunked_prefill:
+        per_step = b.cap(head, threshold if is_long else cfg.max_num_batched_tokens, whole=True)
+        chunk = b.cap(head, min(remaining, budget, per_step))
+        if chunk <= 0 or (chunk < remaining and not cfg.enable_chunked_prefill):
             break
-        if head.deadline is not None and (
-            now + s.step_s_ewma * math.ceil(remaining / chunk) > head.deadline
-        ):
+        # This step's chunk, then whole steps' worth: what is left of this step's budget says
+        # nothing about the next ones.
+        steps = 1 + math.ceil((remaining - chunk) / per_step)
+        if head.deadline is not None and now + s.step_s_ewma * steps > head.deadline:
             s.finish(head, "deadline", now, "could not finish its prompt before the deadline")
             continue
         if seats_full:
@@ -180,7 +182,8 @@ def schedule_deferred(
         chunk = min(total - n, b.budget)
         if req.long_prefill:
             chunk = min(chunk, cfg.long_prefill_token_threshold)
-        if chunk < total - n and not cfg.enable_chunked_prefill:
+        chunk = b.cap(req, chunk)
+        if chunk <= 0 or (chunk < total - n and not cfg.enable_chunked_prefill):
             continue
         need = -(-(n + chunk) // bs) - len(req.block_ids)
         if need > blocks.num_free:

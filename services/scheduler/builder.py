@@ -22,10 +22,13 @@ _block_table = attrgetter("block_table")
 class StepBuilder:
     __slots__ = (
         "budget",
+        "chunked",
         "decode_reqs",
         "decode_starts",
         "decode_tokens",
         "floor_priority",
+        "lower_prefill_left",
+        "lower_prefill_limit",
         "new_sampling",
         "outranked_decodes",
         "prefill_counts",
@@ -34,9 +37,16 @@ class StepBuilder:
         "prefill_starts",
         "prefill_tokens",
         "prefill_top",
+        "yield_below",
     )
 
-    def __init__(self, budget: int) -> None:
+    def __init__(
+        self,
+        budget: int,
+        yield_below: int | None = None,
+        lower_prefill: int = 0,
+        chunked: bool = True,
+    ) -> None:
         # Decode rows: the request, the position of its one token, that token.
         self.decode_reqs: list[RequestState] = []
         self.decode_starts: list[int] = []
@@ -58,6 +68,12 @@ class StepBuilder:
         # step is about as long as on an idle worker (`isolate_priority_prefill`).
         self.floor_priority: int | None = None
         self.outranked_decodes = 0
+        # Prefill of priority below `yield_below` shares `lower_prefill_left` tokens in this
+        # step (`lower_priority_prefill_tokens`); None: no such limit.
+        self.yield_below = yield_below
+        self.lower_prefill_left = lower_prefill
+        self.lower_prefill_limit = lower_prefill
+        self.chunked = chunked
 
     @property
     def num_rows(self) -> int:
@@ -73,6 +89,20 @@ class StepBuilder:
         top = self.prefill_top
         return top is not None and priority < top[0] and rank < top[1]
 
+    def cap(self, req: RequestState, chunk: int, whole: bool = False) -> int:
+        """`chunk` cut to what this step still allows req's priority (may be 0); `whole`: to
+        what a step allows it at most."""
+        if self.yield_below is None or req.priority >= self.yield_below:
+            return chunk
+        if whole:
+            # An unsplittable prompt is not limited, only kept to one per step (below).
+            return min(chunk, self.lower_prefill_limit) if self.chunked else chunk
+        left = self.lower_prefill_left
+        if self.chunked:
+            return min(chunk, left)
+        # A prompt that cannot be split goes whole, if it is the step's first: never starved.
+        return chunk if chunk <= left or left == self.lower_prefill_limit else 0
+
     def add_prefill(self, req: RequestState, start: int, end: int) -> None:
         tokens = req.token_ids
         sample = end == len(tokens)
@@ -87,6 +117,8 @@ class StepBuilder:
             req.decoding = True
             req.last_token = PLACEHOLDER
         self.budget -= end - start
+        if self.yield_below is not None and req.priority < self.yield_below:
+            self.lower_prefill_left -= end - start
         self.note_prefill(req.priority, req.rank)
 
     def remove(self, req: RequestState) -> None:
@@ -107,6 +139,8 @@ class StepBuilder:
                 del reqs[k], self.prefill_tokens[offset : offset + n], self.prefill_samples[k]
                 req.num_computed_tokens = self.prefill_starts.pop(k)
                 self.budget += n
+                if self.yield_below is not None and req.priority < self.yield_below:
+                    self.lower_prefill_left += n
                 return
 
     def plan(self, step_id: int, finished: list[str]) -> tuple[StepPlan, list[RequestState]]:

@@ -28,6 +28,14 @@ class SchedulerConfig:
     # prompt's step is about as long as on an idle system (decodes still run every step).
     isolate_priority_prefill: bool = True
 
+    # While requests of some priority P keep arriving (one in the last `priority_horizon_s`),
+    # prefill chunks of lower priorities get at most `lower_priority_prefill_tokens` per step in
+    # all: steps carrying only lower-priority work stay short, so a P request arriving waits
+    # little for the step already running (a step cannot be taken back once sent), while its
+    # own prefill keeps the whole budget. 0 turns this off.
+    lower_priority_prefill_tokens: int = 192
+    priority_horizon_s: float = 10.0
+
     enable_prefix_caching: bool = True
     # Finished turns of a conversation (`session_id`) keep their blocks pinned for the next turn,
     # up to this share of the pool; pins are released least-recently-used under memory pressure.
@@ -69,6 +77,13 @@ class SchedulerConfig:
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.lower_priority_prefill_tokens < 0:
+            raise ValueError(
+                "lower_priority_prefill_tokens must be >= 0, got "
+                f"{self.lower_priority_prefill_tokens}"
+            )
+        if self.priority_horizon_s < 0:
+            raise ValueError(f"priority_horizon_s must be >= 0, got {self.priority_horizon_s}")
         if self.aging_per_s < 0:
             raise ValueError(f"aging_per_s must be >= 0, got {self.aging_per_s}")
         if self.max_wait_us < 0:

@@ -85,6 +85,8 @@ class Scheduler:
         self.step_s_ewma = 0.0
         self.long_prefills = LongPrefills()
         self.num_preempted_waiting = 0
+        # priority -> when a request of it last arrived (see `lower_priority_prefill_tokens`).
+        self.recent_priorities: dict[int, float] = {}
         # Requests preempted by the schedule() call under way: admission leaves them be.
         self.preempted_now: set[RequestState] = set()
         self._next_order = 0
@@ -121,6 +123,7 @@ class Scheduler:
         waiting.push(req)
         self.deadlines.add(req)
         self.window.on_arrival(now)
+        self.recent_priorities[req.priority] = now
         self.events.append(Queued(req.request_id, now, waiting.count))
 
     def cancel(self, request_id: str) -> bool:
@@ -173,7 +176,13 @@ class Scheduler:
         self.preempted_now.clear()
         self._expire(now)
         cfg = self.config
-        builder = StepBuilder(cfg.max_num_batched_tokens)
+        top = self._top_priority(now)
+        builder = StepBuilder(
+            cfg.max_num_batched_tokens,
+            top,
+            cfg.lower_priority_prefill_tokens,
+            cfg.enable_chunked_prefill,
+        )
         floor: tuple[int, float] | None = None
         head = self.waiting.peek()
         if cfg.isolate_priority_prefill and head is not None:
@@ -291,6 +300,15 @@ class Scheduler:
         if req.known_to_worker:
             req.known_to_worker = False
             self.forget.append(req.request_id)
+
+    def _top_priority(self, now: float) -> int | None:
+        """The highest priority that arrived within the horizon, if lower ones must yield."""
+        if not self.config.lower_priority_prefill_tokens:
+            return None
+        recent, since = self.recent_priorities, now - self.config.priority_horizon_s
+        for priority in [p for p, t in recent.items() if t < since]:
+            del recent[priority]
+        return max(recent) if len(recent) > 1 else None
 
     def _expire(self, now: float) -> None:
         # A waiting request whose deadline falls within one step cannot produce a token in time.

@@ -70,8 +70,9 @@ def schedule_running(
             deferred.append((req, req.num_preemptions))
             continue
         chunk = min(total - n, budget, threshold) if req.long_prefill else min(total - n, budget)
+        chunk = b.cap(req, chunk)
         end = n + chunk
-        if not chunked and end < total:
+        if chunk <= 0 or (not chunked and end < total):
             continue
         if end > req.capacity:
             need = -(-end // bs) - len(req.block_ids)
