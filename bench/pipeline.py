@@ -7,9 +7,10 @@
 (c) the pipeline with the hot path over gRPC.
 With --tracing, (c) gives way to (b) again with tracing on: every process exports its spans over
 OTLP/gRPC to a sink in this process (which counts them), so the two shm rows show what tracing
-costs. Prints throughput, TTFT and inter-token latency p50/p99, the per-step hop scheduler →
-worker, and the pipeline's throughput relative to in-process. Timings, not assertions: the
-machine is shared.
+costs; it also times, in this process, what tracing adds per step to the scheduler's loop and
+to the worker's step thread (before and after the outcome is sent), by batch size. Prints
+throughput, TTFT and inter-token latency p50/p99, the per-step hop scheduler → worker, and the
+pipeline's throughput relative to in-process. Timings, not assertions: the machine is shared.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from engine.sampling import GREEDY
 from engine.tokenizer import load_tokenizer
 from services.local_pipeline import pipeline
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.events import Token
-from services.scheduler.plan import StepResult
+from services.scheduler.events import Queued, Scheduled, Token
+from services.scheduler.plan import StepPlan, StepResult
 from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
 from tandem.internal.v1 import scheduler_pb2 as spb
@@ -183,6 +184,61 @@ async def through_pipeline(
     return summary
 
 
+def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, float, float]:
+    """µs per step: the worker before its outcome is sent, the worker after (its flush), and the
+    scheduler's loop (events, stats, plan); spans go to an exporter that drops them."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from services.scheduler.stats import SchedulerStats
+    from services.telemetry.config import TelemetryConfig
+    from services.telemetry.scheduler_metrics import SchedulerMetrics
+    from services.telemetry.scheduler_telemetry import SchedulerTelemetry
+    from services.telemetry.step_telemetry import StepTelemetry
+    from services.telemetry.tracing import Tracing
+    from services.telemetry.worker_metrics import WorkerMetrics
+    from tandem.internal.v1 import hotpath_pb2 as hp
+
+    class Drop(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    tracing = Tracing.start(TelemetryConfig(service_name="bench"), Drop()) if traced else None
+    worker = StepTelemetry(tracing, WorkerMetrics("bench"))
+    scheduler = SchedulerTelemetry(tracing, SchedulerMetrics())
+    scheduler.on_model("bench")
+    ids = [f"r{i}" for i in range(batch)]
+    desc = hp.StepDescriptor(seq_ids=range(batch), block_counts=[8] * batch)
+    desc.num_decode_tokens = batch
+    for i, rid in enumerate(ids):
+        parent = f"00-{i + 1:032x}-{i + 1:016x}-01"
+        desc.new_seqs.add(seq_id=i, traceparent=parent)
+        scheduler.on_submit(rid, parent, prompt_tokens=8, max_tokens=8, priority=0, session_id="")
+        scheduler.on_events(
+            [Queued(rid, 0.0, 1), Scheduled(rid, 0.0, 0.0, 0), Token(rid, 1, 0.0, 0)]
+        )
+    worker.record(desc, None, time.time_ns(), 0.0)
+    worker.flush()
+    del desc.new_seqs[:]
+    outcome = hp.StepOutcome(seq_ids=range(batch), token_ids=[1] * batch)
+    events = [Token(rid, 1, 0.0, 1) for rid in ids]
+    plan = StepPlan(step_id=0, request_ids=ids, num_decode_tokens=batch)
+    stats = SchedulerStats(batch, 0, 0, 1000, 8 * batch, 1000, 0, 0, 0, 0, 0, 0, 0, {})
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        worker.record(desc, outcome, time.time_ns(), 0.0)
+    t1 = time.perf_counter()
+    worker.flush()
+    t2 = time.perf_counter()
+    for _ in range(steps):
+        scheduler.on_events(events)
+        scheduler.on_stats(stats)
+        scheduler.on_plan(plan, hp.StepDescriptor(), stats)
+    t3 = time.perf_counter()
+    if tracing is not None:
+        tracing.shutdown()
+    return tuple(x / steps * 1e6 for x in (t1 - t0, t2 - t1, t3 - t2))  # type: ignore[return-value]
+
+
 class SpanSink(trace_service_pb2_grpc.TraceServiceServicer):
     """An OTLP/gRPC trace endpoint that counts the spans it is sent and keeps none."""
 
@@ -301,6 +357,15 @@ def main() -> None:
             indent=2,
         )
     )
+    if args.tracing:
+        print("\nper-step cost of telemetry, µs (tracing off / on; spans dropped, not exported)")
+        print(
+            f"{'batch':>5} {'worker, before outcome':>23} {'worker, after':>15} {'scheduler':>15}"
+        )
+        for batch in (1, 8, 64, 256):
+            off, on = telemetry_cost(batch, False), telemetry_cost(batch, True)
+            cells = [f"{a:>6.1f} / {b:<6.1f}" for a, b in zip(off, on, strict=True)]
+            print(f"{batch:>5} {cells[0]:>23} {cells[1]:>15} {cells[2]:>15}")
     print(f"wrote {args.json}")
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.errors import status_of
@@ -58,7 +59,7 @@ class GenerateCall:
         "tracer",
     )
 
-    def __init__(self, owner: GenerateTelemetry, parent: object) -> None:
+    def __init__(self, owner: GenerateTelemetry, parent: Context | None) -> None:
         self.tracer = owner.tracer
         self.metrics = owner.metrics
         self.model_name = owner.model_name
@@ -73,7 +74,7 @@ class GenerateCall:
         if self.recording:
             self.span = self.tracer.start_span(
                 "Generate",
-                context=parent,  # type: ignore[arg-type]
+                context=parent,
                 kind=SpanKind.SERVER,
                 attributes={
                     "rpc.system": "grpc",
@@ -90,7 +91,7 @@ class GenerateCall:
         """The trace id (32 hex digits) for the first response; the caller's if not tracing."""
         ctx = self.span.get_span_context()
         if not ctx.is_valid and self.parent is not None:
-            ctx = trace.get_current_span(self.parent).get_span_context()  # type: ignore[arg-type]
+            ctx = trace.get_current_span(self.parent).get_span_context()
         return f"{ctx.trace_id:032x}" if ctx.is_valid else ""
 
     @property

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 
 from services.scheduler.events import (
@@ -55,7 +56,7 @@ class _Request:
         "waiting",
     )
 
-    def __init__(self, parent: object, attributes: dict[str, str | int]) -> None:
+    def __init__(self, parent: Context | None, attributes: dict[str, str | int]) -> None:
         self.parent = parent
         self.attributes = attributes
         self.phase: Span | None = None
@@ -189,7 +190,7 @@ class SchedulerTelemetry:
             return None
         return self.tracer.start_span(
             name,
-            context=req.parent,  # type: ignore[arg-type]
+            context=req.parent,
             attributes=req.attributes,
             start_time=self.clock.ns(t),
         )
