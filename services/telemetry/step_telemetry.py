@@ -2,7 +2,7 @@
 
 The span's parent is the request phase span the scheduler named in StepDescriptor.traceparent
 (so a request running alone has all its steps in its own trace), and it links to the request
-span of every sequence in the batch: the link is made once per sequence, from
+span of every (sampled) sequence in the batch: the link is made once per sequence, from
 NewSequence.traceparent, and reused for every step it runs in. Runs on the thread that runs the
 step (the ring thread, or a gRPC Step call's worker thread), after the step's outcome is sent.
 """
@@ -75,7 +75,8 @@ class StepTelemetry:
             links.pop(seq_id, None)
         for new in desc.new_seqs:
             ctx = span_context_of(new.traceparent)
-            if ctx is not None:
+            # A request that is not sampled has no span to link to in any backend.
+            if ctx is not None and ctx.trace_flags.sampled:
                 links[new.seq_id] = Link(ctx)
         if desc.traceparent != self._parent:
             # Consecutive decode steps usually share a parent: parse it once.

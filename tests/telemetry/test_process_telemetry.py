@@ -170,8 +170,8 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
     metrics = WorkerMetrics("m")
     t = StepTelemetry(recorded.tracing, metrics)
     other = "00-2af7651916cd43dd8448eb211c80319c-d7ad6b7169203331-01"
-    first = step(0, [1, 2], {1: REQUEST_SPAN, 2: other}, REQUEST_SPAN)
-    second = step(1, [1, 2], {}, REQUEST_SPAN)
+    first = step(0, [1, 2, 3], {1: REQUEST_SPAN, 2: other, 3: UNSAMPLED}, REQUEST_SPAN)
+    second = step(1, [1, 2, 3], {}, REQUEST_SPAN)
     for desc in (first, second):
         t.record(desc, hp.StepOutcome(step_id=desc.step_id, seq_ids=[1, 2]), 10**18, 0.5)
     assert not recorded.named("step")  # made only once the outcome is on its way
@@ -186,13 +186,14 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
             request.span_id,
             linked.span_id,
         }
-        assert span.attributes["tandem.step.batch_size"] == 2
+        # The unsampled request has no span anywhere to link to.
+        assert span.attributes["tandem.step.batch_size"] == 3
         assert span.attributes["tandem.kv.blocks_in_use"] == 7
         assert span.start_time == 10**18 and span.end_time == 10**18 + 500_000_000
     assert sample(metrics, "tandem_step_duration_seconds_count") == 2
-    assert sample(metrics, "tandem_step_tokens_total", kind="prefill") == 8
-    assert sample(metrics, "tandem_step_tokens_total", kind="decode") == 2
-    assert sample(metrics, "tandem_iteration_tokens_total_sum") == 10
+    assert sample(metrics, "tandem_step_tokens_total", kind="prefill") == 12
+    assert sample(metrics, "tandem_step_tokens_total", kind="decode") == 3
+    assert sample(metrics, "tandem_iteration_tokens_total_sum") == 15
 
 
 def test_a_failed_step_is_an_error_span_and_counted(recorded: Recorded) -> None:
