@@ -1,9 +1,20 @@
 """The scheduling policy: what runs in the next step, and what the last step's tokens mean.
 
 Pure and synchronous, with an injected clock: the service loop calls `add_request`/`cancel` as
-requests come and go, `schedule()` whenever the worker is free, `update()` when a step's result
-is back, and sleeps until `next_wakeup()` when there is nothing to run. Every decision is also
+requests come and go, `schedule()` whenever it may plan, `update()` when a step's result is
+back, and sleeps until `next_wakeup()` when there is nothing to run. Every decision is also
 recorded as an event (see events.py), handed out by `update()` and `drain_events()`.
+
+Without `async_scheduling` it may plan when no plan is in flight. With it, also while one is
+(at most two in flight): plan N+1 is built from the accounts as plan N left them, as if every
+row of N that samples had produced its token (a PLACEHOLDER in N+1, see plan.py; its KV slot is
+already reserved, and a request whose last token N samples gets no row). What update(N) then
+reveals is reconciled without touching plan N+1: a request that finished (stop, length, error),
+was cancelled, expired or was preempted has its blocks freed at once, and its `valid_from`
+moved past every plan already made, so update(N+1) drops its row. The freed blocks can only go
+to plans made later, which the worker runs after N+1: a block is never written by a new owner
+before the plans that still read it for the old one. Blocks are offered to the prefix cache only
+by update() of the plan that computed them.
 
 A step is built in three passes, so its cost grows with the batch, never with the queue or the
 pool:
@@ -14,7 +25,9 @@ pool:
      budget and max_num_seqs, preempting a lower-priority running sequence if the batch is full;
   3. (admission.py) lower-priority prefill chunks that pass 1 held back for a higher-priority
      prefill, only if no such prefill ended up in the step (`isolate_priority_prefill`).
-A step's result is applied by results.py.
+While higher-priority requests keep arriving, lower-priority prefill is held to a share of each
+step (`lower_priority_prefill_tokens`). The step is written into a StepBuilder (builder.py);
+its result is applied by results.py.
 """
 
 from __future__ import annotations
@@ -34,9 +47,10 @@ from services.scheduler.errors import InvalidRequest, QueueFull
 from services.scheduler.events import Event, Finished, FinishReason, Preempted, Queued
 from services.scheduler.long_prefills import LongPrefills
 from services.scheduler.plan import StepPlan, StepResult
+from services.scheduler.priority_traffic import PriorityTraffic
 from services.scheduler.request import Request, RequestState, Status
 from services.scheduler.sessions import SessionPins
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.stats import SchedulerStats, snapshot
 from services.scheduler.waiting import WaitingQueue
 from services.scheduler.window import BatchWindow
 
@@ -85,8 +99,7 @@ class Scheduler:
         self.step_s_ewma = 0.0
         self.long_prefills = LongPrefills()
         self.num_preempted_waiting = 0
-        # priority -> when a request of it last arrived (see `lower_priority_prefill_tokens`).
-        self.recent_priorities: dict[int, float] = {}
+        self.traffic = PriorityTraffic(config.priority_horizon_s)
         # Requests preempted by the schedule() call under way: admission leaves them be.
         self.preempted_now: set[RequestState] = set()
         self._next_order = 0
@@ -123,7 +136,7 @@ class Scheduler:
         waiting.push(req)
         self.deadlines.add(req)
         self.window.on_arrival(now)
-        self.recent_priorities[req.priority] = now
+        self.traffic.on_arrival(req.priority, now)
         self.events.append(Queued(req.request_id, now, waiting.count))
 
     def cancel(self, request_id: str) -> bool:
@@ -155,6 +168,7 @@ class Scheduler:
         self.long_prefills.clear()
         self.num_preempted_waiting = 0
         self.preempted_now.clear()
+        self.traffic.clear()
         return self.drain_events()
 
     def drain_events(self) -> list[Event]:
@@ -176,7 +190,7 @@ class Scheduler:
         self.preempted_now.clear()
         self._expire(now)
         cfg = self.config
-        top = self._top_priority(now)
+        top = self.traffic.top(now) if cfg.lower_priority_prefill_tokens else None
         builder = StepBuilder(
             cfg.max_num_batched_tokens,
             top,
@@ -301,15 +315,6 @@ class Scheduler:
             req.known_to_worker = False
             self.forget.append(req.request_id)
 
-    def _top_priority(self, now: float) -> int | None:
-        """The highest priority that arrived within the horizon, if lower ones must yield."""
-        if not self.config.lower_priority_prefill_tokens:
-            return None
-        recent, since = self.recent_priorities, now - self.config.priority_horizon_s
-        for priority in [p for p, t in recent.items() if t < since]:
-            del recent[priority]
-        return max(recent) if len(recent) > 1 else None
-
     def _expire(self, now: float) -> None:
         # A waiting request whose deadline falls within one step cannot produce a token in time.
         for req in self.deadlines.pop_waiting(now + self.step_s_ewma):
@@ -338,20 +343,4 @@ class Scheduler:
         return bool(self.requests)
 
     def stats(self) -> SchedulerStats:
-        blocks = self.blocks
-        return SchedulerStats(
-            num_running=len(self.running),
-            num_waiting=self.waiting.count,
-            num_preempted_waiting=self.num_preempted_waiting,
-            kv_blocks_total=blocks.num_blocks,
-            kv_blocks_used=blocks.num_used,
-            kv_blocks_free=blocks.num_free,
-            kv_blocks_cached=blocks.num_cached,
-            kv_blocks_session_pinned=self.sessions.num_pinned,
-            prefix_cache_queries=self.prefix_queries,
-            prefix_cache_hits=self.prefix_hits,
-            num_preemptions=self.num_preemptions,
-            num_evictions=blocks.num_evictions,
-            num_steps=self.next_step_id,
-            num_finished=dict(self.num_finished),
-        )
+        return snapshot(self)
