@@ -51,6 +51,9 @@ class Summary:
     output_throughput: float  # output tokens of ok requests per second
     total_token_throughput: float  # prompt + output tokens of ok requests per second
     prompt_tokens_mean: float  # as the servers reported them
+    # Of those, served from a prefix cache: a rerun with the same --seed sends the same
+    # prompts, and a server that kept their KV skips their prefill.
+    cached_prompt_tokens_mean: float
     output_tokens_mean: float
     ttft_s: Distribution
     itl_s: Distribution
@@ -95,7 +98,10 @@ def _summary(group: str, records: Sequence[RequestRecord], window: tuple[float, 
         request_throughput=per_s(len(ok)),
         output_throughput=per_s(output),
         total_token_throughput=per_s(output + sum(prompts)),
-        prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else math.nan,
+        prompt_tokens_mean=_mean(prompts),
+        cached_prompt_tokens_mean=_mean(
+            [r.cached_prompt_tokens for r in ok if r.cached_prompt_tokens is not None]
+        ),
         output_tokens_mean=output / len(ok) if ok else math.nan,
         ttft_s=Distribution.of([t for r in ok if (t := r.ttft) is not None]),
         itl_s=Distribution.of([gap for r in ok for gap in r.itls()]),
@@ -103,6 +109,10 @@ def _summary(group: str, records: Sequence[RequestRecord], window: tuple[float, 
         e2e_s=Distribution.of([r.end for r in ok if r.end is not None]),
         failures=dict(Counter(f"{r.status}: {r.message}" for r in records if not r.ok)),
     )
+
+
+def _mean(values: Sequence[int]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _finite(value: Any) -> Any:

@@ -15,6 +15,7 @@ class Event:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # the server's usage, when this message has it
     completion_tokens: int | None = None
+    cached_prompt_tokens: int | None = None  # prompt tokens a prefix cache served
 
 
 class RequestFailed(Exception):
@@ -38,6 +39,7 @@ class RequestRecord:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # as the server reported it; None if it did not
     usage_tokens: int | None = None  # completion tokens as the server reported them
+    cached_prompt_tokens: int | None = None  # prefix-cache hits, where the server says
     status: str | None = None  # None: ok
     message: str = ""
 
@@ -91,6 +93,8 @@ class RequestRecord:
             self.prompt_tokens = event.prompt_tokens
         if event.completion_tokens is not None:
             self.usage_tokens = event.completion_tokens
+        if event.cached_prompt_tokens is not None:
+            self.cached_prompt_tokens = event.cached_prompt_tokens
 
     def fail(self, err: RequestFailed, at: float) -> None:
         self.status, self.message, self.end = err.status, err.message, at
@@ -108,6 +112,7 @@ class RequestRecord:
             "ttft_s": self.ttft,
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "output_tokens": self.output_tokens,
             "usage_tokens": self.usage_tokens,
             "counted_tokens": self.counted_tokens,

@@ -37,6 +37,7 @@ ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("output throughput (tok/s)", lambda s: _num(s.output_throughput, 1)),
     ("total throughput (tok/s)", lambda s: _num(s.total_token_throughput, 1)),
     ("prompt tokens (mean)", lambda s: _num(s.prompt_tokens_mean, 1)),
+    ("  of them cached (mean)", lambda s: _num(s.cached_prompt_tokens_mean, 1)),
     ("output tokens (mean)", lambda s: _num(s.output_tokens_mean, 1)),
     *_dist_rows("TTFT", lambda s: s.ttft_s, MS, "ms"),
     *_dist_rows("ITL", lambda s: s.itl_s, MS, "ms"),

@@ -21,6 +21,7 @@ class Reply:
     error: str = ""  # the error message of a non-200 reply
     usage_tokens: int | None = None  # completion tokens the server says; None: no usage chunk
     prompt_tokens: int = 7
+    cached_tokens: int = 3
     finish: bool = True  # False: the stream just stops, no finish reason and no [DONE]
 
 
@@ -80,6 +81,7 @@ def _handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 usage = {
                     "prompt_tokens": reply.prompt_tokens,
                     "completion_tokens": reply.usage_tokens,
+                    "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
                 }
                 self._send({"choices": [], "usage": usage})
             self.wfile.write(b"data: [DONE]\n\n")

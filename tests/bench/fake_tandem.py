@@ -19,6 +19,7 @@ class Plan:
 
     steps: tuple[tuple[float, int], ...]  # (seconds to wait, tokens in the message)
     prompt_tokens: int = 5
+    cached_tokens: int = 2
     abort: tuple[grpc.StatusCode, str] | None = None  # instead of finishing
     usage: bool = True
 
@@ -56,6 +57,7 @@ class FakeTandem(generation_pb2_grpc.GenerationServicer):
                     if plan.usage:
                         msg.usage.prompt_tokens = plan.prompt_tokens
                         msg.usage.completion_tokens = sent
+                        msg.usage.cached_prompt_tokens = plan.cached_tokens
                 yield msg
             if plan.abort is not None:
                 await context.abort(*plan.abort)

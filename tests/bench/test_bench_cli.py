@@ -58,6 +58,8 @@ async def test_side_by_side_table_json_and_plot(
     [summary] = tandem_run["summary"]
     assert summary["group"] == "all" and summary["ok"] == 6
     assert summary["ttft_s"]["p50"] > 0.03
+    assert summary["cached_prompt_tokens_mean"] == 2
+    assert "of them cached" in out
     assert out_png.read_bytes().startswith(PNG_MAGIC)
 
 

@@ -37,6 +37,7 @@ async def test_ttft_itl_and_usage_from_the_stream() -> None:
         assert r.ttft is not None and 0.25 < r.ttft < 1.5
         assert len(r.itls()) == 3 and all(0.15 < g < 1.0 for g in r.itls())
         assert (r.prompt_tokens, r.output_tokens, r.counted_tokens) == (7, 4, 4)
+        assert r.cached_prompt_tokens == 3
         assert r.finish_reason == "length"
     [s] = summarize(result.records, result.window)
     assert (s.ok, s.failed) == (3, 0)

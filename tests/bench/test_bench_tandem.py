@@ -37,7 +37,7 @@ async def test_ttft_itl_tokens_and_throughput(tandem_server: StartTandem) -> Non
     assert len(result.records) == 3 and all(r.ok for r in result.records)
     for r in result.records:
         assert r.output_tokens == r.counted_tokens == 5
-        assert r.prompt_tokens == 5
+        assert (r.prompt_tokens, r.cached_prompt_tokens) == (5, 2)
         assert r.finish_reason == "length"
         assert r.ttft is not None and 0.25 < r.ttft < 1.5
         itls = r.itls()

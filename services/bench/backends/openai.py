@@ -123,11 +123,13 @@ class OpenAIBackend:
                 text = choice.get("text") or ""
             finish = choice.get("finish_reason")
         usage = chunk.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
         return Event(
             tokens=1 if text else 0,
             finish_reason=finish,
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
+            cached_prompt_tokens=details.get("cached_tokens"),
         )
 
 

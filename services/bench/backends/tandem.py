@@ -57,6 +57,7 @@ class TandemBackend:
                         finish_reason=delta.finish_reason,
                         prompt_tokens=usage.prompt_tokens if usage else None,
                         completion_tokens=usage.completion_tokens if usage else None,
+                        cached_prompt_tokens=usage.cached_prompt_tokens if usage else None,
                     )
         except TandemError as err:
             raise RequestFailed(err.code.name, err.message) from None
