@@ -6,7 +6,9 @@ Every scenario but `schedule_cost` runs the real `Scheduler` against the simulat
 (`services.scheduler.simulator`), whose step time comes from `CostModel` (by default a
 LLaMA-3-8B-sized model in bf16 on one H200: 4 ms per decode step, 27 µs per prefill token).
 Times in those scenarios are simulated seconds; `schedule_cost` is measured wall-clock time of
-`Scheduler.schedule()` on this machine. Numbers, not assertions: the tests prove behaviour.
+`Scheduler.schedule()` and `update()` on this machine, and `overlap` charges the measured time
+of those calls (and a hop each way) to the simulated clock. Numbers, not assertions: the tests
+prove behaviour.
 """
 
 from __future__ import annotations
