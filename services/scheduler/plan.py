@@ -10,7 +10,10 @@ and `Scheduler.update(plan, result)` applies its result; results are applied in 
 Without `async_scheduling` one plan is in flight at a time. With it, the next plan may be built
 while the previous one runs (at most two in flight), so the hop and the scheduler's own time
 hide behind the step: a sequence that samples in plan N has, in plan N+1, a decode row whose one
-token is `PLACEHOLDER`, the token the worker itself sampled for it in plan N.
+token is `PLACEHOLDER`, the token the worker itself sampled for it in plan N. The worker must run
+plans strictly in step order: a row of plan N+1 may belong to a request that update(N) has since
+finished (its result is then dropped), and the blocks that request held may already be given to
+another one by plan N+2; running the plans in order is what makes that safe.
 
 Block tables are sent whole for every row, as immutable tuples the scheduler rebuilds only when a
 sequence gains a block, so building a plan copies no tables. A transport that wants vLLM v1's
@@ -26,7 +29,9 @@ from typing import Any
 # The token a row carries when the scheduler does not know it yet (async scheduling). The worker
 # replaces it with the token it sampled for the same request in the plan just before this one
 # (step_id - 1): on the device, without a host sync, as vLLM's async scheduling does. It is only
-# ever the single token of a decode row, and the previous plan always sampled that request.
+# ever the single token of a decode row, and the previous plan always has a row for that request
+# that samples (if the worker failed that row, the request fails with it and this row's result is
+# dropped, so any token will do).
 PLACEHOLDER = -1
 
 
