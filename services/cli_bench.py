@@ -88,7 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     load.add_argument("--ignore-eos", action="store_true", help="generate all --output-len tokens")
     load.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
-    load.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
+    load.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the workload's seed (default 0); the same seed sends the same prompts, so a "
+        "server that kept them in its prefix cache skips their prefill: change it between runs",
+    )
     stop = load.add_mutually_exclusive_group()
     stop.add_argument("--duration", type=float, help="seconds to keep sending")
     stop.add_argument(

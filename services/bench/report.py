@@ -64,7 +64,7 @@ def table(runs: Sequence[TargetRun]) -> str:
         _line("", shown, label_width, widths),
         _line("", [s.group for _, s in columns], label_width, widths),
     ]
-    lines.append("-" * len(lines[0]))
+    lines.append("-" * max(len(line) for line in lines))
     for i, (name, _) in enumerate(ROWS):
         lines.append(_line(name, [col[i] for col in cells], label_width, widths))
     lines += failure_lines(runs)

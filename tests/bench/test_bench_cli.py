@@ -74,8 +74,9 @@ async def test_priority_mix_columns_and_failures(
         "--no-progress",
     )  # fmt: skip
     assert code == 0
-    header = capsys.readouterr().out.splitlines()[1].split()
-    assert header == ["all", "priority", "0", "priority", "10"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["all", "priority", "0", "priority", "10"]
+    assert len(lines[2]) == len(lines[1]) and set(lines[2]) == {"-"}
     groups = [s["group"] for s in json.loads(out_json.read_text())["runs"][0]["summary"]]
     assert groups == ["all", "priority 0", "priority 10"]
 
