@@ -57,12 +57,12 @@ async def run_target(
             cap = min(config.in_flight_cap or len(warmup), len(warmup))
             with _bar(config, f"{target.label} warm-up", len(warmup)) as bar:
                 await phase.send(iter(warmup), cap, None, None, bar, warmup=True)
+        count = config.measured_requests
+        measured = specs if count is None else islice(specs, count)
         start = clock() - phase.t0
-        with _bar(config, target.label, config.measured_requests) as bar:
+        with _bar(config, target.label, count) as bar:
             await phase.send(
-                specs
-                if config.measured_requests is None
-                else islice(specs, config.measured_requests),
+                measured,
                 config.in_flight_cap,
                 config.rate,
                 config.duration,

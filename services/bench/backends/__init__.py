@@ -20,6 +20,7 @@ class Backend(Protocol):
 
 
 def open_backend(target: Target, config: BenchConfig) -> AbstractAsyncContextManager[Backend]:
+    # Imported on use: a run against tandem alone needs no httpx, one against OpenAI no grpc.
     if target.backend == "tandem":
         from services.bench.backends.tandem import TandemBackend
 
