@@ -99,6 +99,11 @@ def int4_supported(device: torch.device) -> bool:
     return device.type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu")
 
 
+# Up to this many rows the int4 kernel wins; its cost grows linearly with the rows (it reuses
+# nothing across them), so larger batches and prefill take a bf16 copy of the same weights.
+INT4_MAX_ROWS = 8
+
+
 class Int4Linear(nn.Module):
     """A linear layer whose weight is one int4 matrix (Q4_0/Q4_1) or a sum of two (Q8_0)."""
 
@@ -106,6 +111,8 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = parts[0].shape
         self.num_parts = len(parts)
+        dense = sum(p.dequantize() for p in parts)
+        self.register_buffer("dense", torch.as_tensor(dense).to(torch.bfloat16))
         for i, blocks in enumerate(parts):
             # inner_k_tiles=1 is the CPU kernel's layout: the packed tensor is (N, K / 2) uint8.
             packed = torch._convert_weight_to_int4pack_for_cpu(blocks.codes, 1)
@@ -122,6 +129,8 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (tokens, K)
+        if flat.shape[0] > INT4_MAX_ROWS:
+            return F.linear(flat, self.dense).to(x.dtype).reshape(*x.shape[:-1], -1)
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed0, GROUP, self.scales_and_zeros0)
         if self.num_parts == 2:
             out += torch._weight_int4pack_mm_for_cpu(

@@ -15,6 +15,7 @@ from engine.errors import EngineError
 from shm.errors import ShmError
 
 SUBCOMMAND_MODULES = (
+    "services.cli_bench",
     "services.cli_models",
     "services.cli_run",
     "services.cli_generate",
