@@ -9,6 +9,8 @@ at a reserved dummy block), replays, and reads the logits of its real rows.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -75,9 +77,7 @@ class DecodeGraphs:
         return self.model.logits(hidden)  # (size, vocab)
 
     @torch.inference_mode()
-    def _capture(
-        self, size: int, pool: tuple[int, int]
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, size: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -107,6 +107,12 @@ INT4_MAX_ROWS = 8
 class Int4Linear(nn.Module):
     """A linear layer whose weight is one int4 matrix (Q4_0/Q4_1) or a sum of two (Q8_0)."""
 
+    dense: torch.Tensor  # (N, K) bf16, for many rows at once
+    packed0: torch.Tensor  # (N, K / 2) uint8 codes in the kernel's layout
+    scales_and_zeros0: torch.Tensor  # (K / GROUP, N, 2) bf16
+    packed1: torch.Tensor  # the second matrix of a Q8_0 weight
+    scales_and_zeros1: torch.Tensor
+
     def __init__(self, *parts: Q4Blocks) -> None:
         super().__init__()
         self.out_features, self.in_features = parts[0].shape
@@ -145,6 +151,9 @@ class Int8Linear(nn.Module):
     On CUDA small batches go through a Triton kernel that reads the int8 weight directly; on
     CPU through torch's int8 weight-only kernel; activations stay in the model's dtype (bf16).
     """
+
+    weight: torch.Tensor  # (N, K) int8
+    scale: torch.Tensor  # (N,)
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()

@@ -21,7 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     print(f"{'NAME':<24} {'CACHED':<7} DESCRIPTION")
-    for model in [*registry.REGISTRY.values(), *registry.RANDOM_MODELS.values()]:
+    models: list[registry.NamedModel | registry.RandomModel] = [
+        *registry.REGISTRY.values(),
+        *registry.RANDOM_MODELS.values(),
+    ]
+    for model in models:
         cached = "yes" if model.cached_path(args.home).exists() else "no"
         default = " [default]" if model.name == registry.DEFAULT_MODEL else ""
         print(f"{model.name:<24} {cached:<7} {model.description}{default}")

@@ -82,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         default=defaults["aging_per_s"],
         help="priority levels a waiting request gains per second",
     )
+    parser.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="plan each step only after the previous one's outcome (by default the next step "
+        "is planned while the worker runs the current one)",
+    )
     env = dict(os.environ)
     telemetry_config.add_arguments(parser, env, "scheduler")
     args = parser.parse_args(argv)
@@ -92,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> SchedulerProcessConfig:
         "max_wait_us": args.max_wait_us,
         "enable_prefix_caching": not args.no_prefix_caching,
         "aging_per_s": args.aging_per_s,
+        "async_scheduling": not args.no_async_scheduling,
     }
     # Validate the policy now, with a stand-in pool, so bad flags fail before any connecting.
     SchedulerConfig(num_kv_blocks=1, block_size=16, max_model_len=1 << 20, **policy)

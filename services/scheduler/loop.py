@@ -2,7 +2,10 @@
 
 Nothing polls. The loop wakes on an arrival or a cancellation (the RPC handlers set `wake`), on
 a step's outcome (the receiver task), and at the core's `next_wakeup()` (a batch window closing,
-a deadline passing), armed as a timer. One step is in flight at a time.
+a deadline passing), armed as a timer. With async scheduling two plans are in flight: while the
+worker runs step N, step N+1 is already planned and waiting on its ring, its decode tokens left
+as placeholders the worker fills with what it sampled in step N — so the hop and the
+scheduler's own time hide behind the step.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from services.scheduler.codec import RequestRecord, TopLogprobs, decode_outcome, encode_plan
@@ -46,7 +50,7 @@ class StepLoop:
         self.by_seq: dict[int, RequestRecord] = {}
         # Finished requests the worker still knows: dropped once a plan tells it to forget them.
         self.finishing: list[RequestRecord] = []
-        self.in_flight: StepPlan | None = None
+        self.in_flight: deque[StepPlan] = deque()
         self.wake = asyncio.Event()
         self.timer: asyncio.TimerHandle | None = None
         self.worker_restarts = 0
@@ -125,22 +129,31 @@ class StepLoop:
             await self.wake.wait()
             self.wake.clear()
             core = self.core
-            if core is None or self.in_flight is not None or not self.ready.is_set():
+            if core is None or not self.ready.is_set():
                 continue
-            plan = core.schedule()
-            self._route(core.drain_events())
-            stats = core.stats()
-            self.telemetry.on_stats(stats)
-            if not plan.is_empty:
-                desc = encode_plan(plan, self.records, self.finishing)
-                self.telemetry.on_plan(plan, desc, stats)
-                self._forget_finished()
-                self.in_flight = plan
-                try:
-                    self.link.send(desc)
-                except WorkerGone as err:
-                    log.error("%s", err)  # the receiver finds the worker gone too
+            limit = 2 if core.config.async_scheduling else 1
+            while len(self.in_flight) < limit and self._plan_one(core):
+                pass
             self._arm_timer(core.next_wakeup())
+
+    def _plan_one(self, core: Scheduler) -> bool:
+        """Plan and send one step; False when there is nothing to run."""
+        plan = core.schedule()
+        self._route(core.drain_events())
+        stats = core.stats()
+        self.telemetry.on_stats(stats)
+        if plan.is_empty:
+            return False
+        desc = encode_plan(plan, self.records, self.finishing)
+        self.telemetry.on_plan(plan, desc, stats)
+        self._forget_finished()
+        self.in_flight.append(plan)
+        try:
+            self.link.send(desc)
+        except WorkerGone as err:
+            log.error("%s", err)  # the receiver finds the worker gone too
+            return False
+        return True
 
     async def _receive_loop(self) -> None:
         while True:
@@ -149,7 +162,8 @@ class StepLoop:
             except WorkerGone as err:
                 await self._worker_lost(str(err))
                 continue
-            core, plan = self.core, self.in_flight
+            core = self.core
+            plan = self.in_flight[0] if self.in_flight else None
             if core is None or plan is None or outcome.step_id != plan.step_id:
                 log.warning(
                     "dropping the outcome of step %d: no such step in flight", outcome.step_id
@@ -159,14 +173,14 @@ class StepLoop:
                 log.warning("step %d: %s", outcome.step_id, outcome.error)
             self.telemetry.on_outcome(self.link.sent_ns, outcome)
             result, top = decode_outcome(outcome, self.by_seq)
-            self.in_flight = None
+            self.in_flight.popleft()
             self._route(core.update(plan, result), top, outcome.step_id)
             self.wake.set()
 
     async def _worker_lost(self, why: str) -> None:
         log.error("worker lost (%s); failing in-flight requests and waiting for it to return", why)
         self.ready.clear()
-        self.in_flight = None
+        self.in_flight.clear()
         if self.core is not None:
             events = self.core.fail_all(WORKER_GONE)
             self._route(events)

@@ -62,17 +62,25 @@ class WorkerLink:
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.steps: RingProducer | None = None
         self.results: RingConsumer | None = None
-        # Over gRPC, each step is a call whose outcome (or error) lands here.
+        # Over gRPC, steps are calls made one after another (the worker runs plans in order)
+        # by a sender task; each outcome (or error) lands in `outcomes`.
+        self.to_send: asyncio.Queue[hp.StepDescriptor] = asyncio.Queue()
         self.outcomes: asyncio.Queue[hp.StepOutcome | BaseException] = asyncio.Queue()
+        self._sender: asyncio.Task[None] | None = None
         self.to_worker = HopTimes()
         self.to_scheduler = HopTimes()
         self.sent_ns = 0
-        self._calls: set[asyncio.Task[None]] = set()
+        self.sent_at: dict[int, int] = {}
+        self.last_outcome_ns = 0
 
     async def connect(self) -> hp.ModelDescription:
         """Wait for the worker to be up (gRPC reconnects with backoff), then attach the rings."""
         self.close_rings()
+        self.sent_at.clear()
+        self.last_outcome_ns = 0
         description = await self.stub.Describe(wpb.DescribeRequest(), wait_for_ready=True)
+        if not self.shared_memory and self._sender is None:
+            self._sender = asyncio.create_task(self._send_calls())
         if self.shared_memory:
             self.steps = RingProducer.create(STEP_RING_BYTES)
             reply = await self.stub.Attach(
@@ -83,21 +91,22 @@ class WorkerLink:
 
     def send(self, desc: hp.StepDescriptor) -> None:
         desc.sent_ns = self.sent_ns = time.monotonic_ns()
+        self.sent_at[desc.step_id] = desc.sent_ns
         if self.steps is not None:
             try:
                 self.steps.put(desc.SerializeToString(), timeout=5.0)
             except (PeerGone, TimeoutError, ShmError) as err:
                 raise WorkerGone(f"cannot send step {desc.step_id}: {err}") from err
         else:
-            task = asyncio.create_task(self._call(desc))
-            self._calls.add(task)  # held until done, so the task is not collected mid-call
-            task.add_done_callback(self._calls.discard)
+            self.to_send.put_nowait(desc)
 
-    async def _call(self, desc: hp.StepDescriptor) -> None:
-        try:
-            self.outcomes.put_nowait(await self.stub.Step(desc))
-        except grpc.RpcError as err:
-            self.outcomes.put_nowait(WorkerGone(f"Worker.Step failed: {err.code().name}"))
+    async def _send_calls(self) -> None:
+        while True:
+            desc = await self.to_send.get()
+            try:
+                self.outcomes.put_nowait(await self.stub.Step(desc))
+            except grpc.RpcError as err:
+                self.outcomes.put_nowait(WorkerGone(f"Worker.Step failed: {err.code().name}"))
 
     async def receive(self) -> hp.StepOutcome:
         """The outcome of the step in flight; raises WorkerGone if the worker is lost."""
@@ -112,7 +121,11 @@ class WorkerLink:
             if isinstance(item, BaseException):
                 raise item
             outcome = item
-        self.to_worker.add(self.sent_ns, outcome.received_ns)
+        # With a step queued behind the running one, the worker could not take it before it
+        # finished the previous step: the hop is measured from whichever came later.
+        sent = self.sent_at.pop(outcome.step_id, 0)
+        self.to_worker.add(max(sent, self.last_outcome_ns), outcome.received_ns)
+        self.last_outcome_ns = outcome.sent_ns
         self.to_scheduler.add(outcome.sent_ns, time.monotonic_ns())
         return outcome
 
@@ -125,5 +138,7 @@ class WorkerLink:
             self.results = None
 
     async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
         self.close_rings()
         await self.channel.close()

@@ -12,6 +12,7 @@ from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
 from services.convert import sampling_from_pb
+from services.scheduler.plan import PLACEHOLDER
 from services.telemetry.step_telemetry import StepTelemetry
 from shm.errors import ShmError
 from shm.handle import Handle
@@ -25,6 +26,9 @@ class SeqState:
     sampling: SamplingParams
     output_ids: list[int]  # generated before a preemption; the engine needs them for penalties
     started: bool = False
+    # What this worker sampled for the sequence in its last step: the value of a PLACEHOLDER
+    # decode token in the next step (the scheduler planned it before the token was known).
+    last_token: int = 0
 
 
 class StepRunner:
@@ -80,6 +84,9 @@ class StepRunner:
         top_n = max((o_len for o_len in (len(o.top_logprobs) for o in outputs)), default=0)
         outcome.top_n = top_n
         for out in outputs:
+            state = self.seqs.get(int(out.seq_id))
+            if state is not None:
+                state.last_token = out.token_id
             outcome.seq_ids.append(int(out.seq_id))
             outcome.token_ids.append(out.token_id)
             outcome.logprobs.append(out.logprob)
@@ -119,7 +126,9 @@ class StepRunner:
             state = self.seqs.get(seq_id)
             if state is None or seq_id in skip:
                 continue
-            tokens = state.prompt[start : start + from_prompt].tolist() + list(token_slice)
+            tokens = state.prompt[start : start + from_prompt].tolist() + [
+                state.last_token if t == PLACEHOLDER else t for t in token_slice
+            ]
             prefix = None
             if not state.started and start and state.sampling.uses_penalties:
                 # The engine tracks penalty history from here on; it needs what came before once.

@@ -109,6 +109,26 @@ def test_streamed_greedy_output_equals_tandem_run(served: Pipeline, reference) -
         assert got.messages >= 3  # first (ids), at least one delta, the last: it streamed
 
 
+def greedy_margins(reference, ids: list[int], n: int) -> tuple[list[int], list[float]]:  # type: ignore[no-untyped-def]
+    """The engine's greedy tokens alone, with the logprob gap between its top two at each step."""
+    from engine.batch import SeqInput
+    from engine.sampling import SamplingParams
+
+    engine, _ = reference
+    params = SamplingParams(temperature=0, logprobs=2)
+    table = list(range(-(-(len(ids) + n) // engine.block_size)))
+    tokens: list[int] = []
+    margins: list[float] = []
+    step = SeqInput("m", ids, 0, table, params)
+    for _ in range(n):
+        (out,) = engine.step([step])
+        tokens.append(out.token_id)
+        margins.append(out.top_logprobs[0][1] - out.top_logprobs[1][1])
+        step = SeqInput("m", [out.token_id], len(ids) + len(tokens) - 1, table, params)
+    engine.release(["m"])
+    return tokens, margins
+
+
 def test_32_concurrent_streams_complete_correctly(served: Pipeline, reference) -> None:  # type: ignore[no-untyped-def]
     prompts = [
         "Tell me about the moon.",
@@ -123,13 +143,16 @@ def test_32_concurrent_streams_complete_correctly(served: Pipeline, reference) -
         )
 
     results = asyncio.run(run_all())
+    expected = [greedy_margins(reference, results[i].prompt_ids, 16) for i in range(4)]
     for i, got in enumerate(results):
-        want = offline(reference, got.prompt_ids, 16) if i < 4 else None
-        if want is not None:
-            assert got.token_ids == want.token_ids, f"prompt {i}"
-        else:
-            assert got.token_ids == results[i % 4].token_ids, f"copy {i} of prompt {i % 4}"
+        tokens, margins = expected[i % 4]
+        # Batched and alone, the arithmetic differs in rounding: compare up to the first step
+        # where the reference's best two tokens are within 0.05 nats of each other.
+        same = next((k for k, m in enumerate(margins) if m < 0.05), len(margins))
+        same = min(same, len(got.token_ids))  # a stream that ended at its end-of-turn token
+        assert same > 0 and got.token_ids[:same] == tokens[:same], f"stream {i} (prompt {i % 4})"
         assert got.finish_reason in ("stop", "length")
+        assert got.usage is not None and got.usage.completion_tokens == len(got.token_ids)
 
 
 @pytest.mark.parametrize(
@@ -214,11 +237,12 @@ def test_priority_and_backpressure(tmp_path: Path) -> None:
                 order.append(name)
                 return got
 
-            first = asyncio.create_task(run("running", 0, 24))
+            # Long enough to be running still when the queue is full.
+            first = asyncio.create_task(run("running", 0, 400))
             await asyncio.sleep(0.5)  # it occupies the only sequence slot
             lows = [asyncio.create_task(run(f"low{i}", 0, 8)) for i in range(3)]
             await asyncio.sleep(0.5)
-            high = asyncio.create_task(run("high", 10, 8))
+            high = asyncio.create_task(run("high", 10, 48))  # still running at the overflow
             await asyncio.sleep(0.5)
             # Three low and one high priority request wait: the queue is full.
             overflow = asyncio.create_task(run("overflow", 0, 4))
