@@ -79,3 +79,27 @@ def chat_messages(args: argparse.Namespace) -> list[dict[str, str]]:
         raise InvalidRequest("chat", "--chat needs --prompt text, not --prompt-ids")
     messages = [{"role": "system", "content": args.system}] if args.system else []
     return [*messages, {"role": "user", "content": args.prompt}]
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Where and how the model runs: shared by `tandem run`, `tandem serve` and the worker."""
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="activations and dequantized weights; auto: float32 on CPU, bfloat16 on CUDA",
+    )
+    parser.add_argument(
+        "--quantize",
+        default="auto",
+        choices=["auto", "none", "int8"],
+        help="auto: GGUF 4/8-bit weights stay quantized on CPU (int4 kernels); none: dequantize "
+        "everything; int8: weight-only int8 with per-channel scales",
+    )
+
+
+def dtype_for(device: str, dtype: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"

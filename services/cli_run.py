@@ -10,7 +10,14 @@ from pathlib import Path
 
 from engine import registry
 from engine.tokenizer import Tokenizer
-from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
+from services.cli_args import (
+    add_engine_args,
+    add_prompt_args,
+    add_sampling_args,
+    chat_messages,
+    dtype_for,
+    sampling_from_args,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,13 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_model_args(run)
     add_prompt_args(run)
     add_sampling_args(run)
-    run.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    run.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="weight and activation dtype (default float32)",
-    )
+    add_engine_args(run)
     run.set_defaults(func=_run)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
@@ -85,7 +86,9 @@ def _run(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True)
     else:
         prompt_ids = args.prompt_ids
-    engine = Engine.from_path(model_path, device=args.device, dtype=args.dtype)
+    engine = Engine.from_path(
+        model_path, args.device, dtype_for(args.device, args.dtype), quantize=args.quantize
+    )
     request = GenerationRequest(
         prompt_ids=prompt_ids,
         sampling=sampling,

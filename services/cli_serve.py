@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from engine import registry
+from services.cli_args import add_engine_args
 
 if TYPE_CHECKING:
     from services.launcher import ProcessSpec
@@ -28,8 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=registry.DEFAULT_MODEL,
         help=f"model name or path (default {registry.DEFAULT_MODEL})",
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_engine_args(p)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decodes")
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=0.9,
+        help="share of the GPU for weights, activations and KV cache (with --kv-cache-mb 0)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="public address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="public port (default 50051)")
     p.add_argument("--tokenizers", type=int, default=1, help="tokenizer processes (default 1)")
@@ -47,7 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="micro-batch window while the worker is idle (0: off)",
     )
-    p.add_argument("--kv-cache-mb", type=int, default=1024, help="KV cache memory in MiB")
+    p.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        default=1024,
+        help="KV cache memory in MiB (0 on CUDA: sized by --gpu-memory-fraction)",
+    )
     p.add_argument(
         "--transport",
         choices=["shm", "grpc"],
@@ -140,8 +152,15 @@ def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
                 args.device,
                 "--dtype",
                 args.dtype,
+                "--quantize",
+                args.quantize,
                 "--kv-cache-mb",
                 str(args.kv_cache_mb),
+                "--max-num-seqs",
+                str(args.max_num_seqs),
+                "--gpu-memory-fraction",
+                str(args.gpu_memory_fraction),
+                *(["--enforce-eager"] if args.enforce_eager else []),
                 *_telemetry_args(args, "worker", worker_metrics),
             ],
             f"127.0.0.1:{worker_port}",

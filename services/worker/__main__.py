@@ -11,6 +11,7 @@ from pathlib import Path
 
 from engine import registry
 from engine.errors import EngineError
+from services.cli_args import add_engine_args, dtype_for
 from services.server import run, setup_logging, start_server, stop_event_on_signals
 from services.telemetry import config as telemetry_config
 from services.telemetry.config import TelemetryConfig
@@ -22,13 +23,33 @@ log = logging.getLogger("tandem.worker")
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerConfig, TelemetryConfig]:
     parser = argparse.ArgumentParser(prog="python -m services.worker", description=__doc__)
-    parser.add_argument("--model", default=os.environ.get("TANDEM_MODEL", registry.DEFAULT_MODEL))
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("TANDEM_MODEL", registry.DEFAULT_MODEL),
+        help="model name or path (env TANDEM_MODEL)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback default)")
     parser.add_argument("--port", type=int, default=50053)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--kv-cache-mb", type=int, default=1024, help="KV cache memory (MiB)")
+    add_engine_args(parser)
+    parser.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        default=1024,
+        help="KV cache memory in MiB (0 on CUDA: what the weights leave of --gpu-memory-fraction)",
+    )
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="largest batch (sizes CUDA graphs)"
+    )
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps"
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=0.9,
+        help="share of the GPU's memory for weights, activations and KV cache",
+    )
     parser.add_argument(
         "--home",
         type=Path,
@@ -43,9 +64,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerConfig, TelemetryCo
         host=args.host,
         port=args.port,
         device=args.device,
-        dtype=args.dtype,
+        dtype=dtype_for(args.device, args.dtype),
         kv_cache_bytes=args.kv_cache_mb << 20,
         block_size=args.block_size,
+        quantize=args.quantize,
+        max_num_seqs=args.max_num_seqs,
+        cuda_graphs=not args.enforce_eager,
+        gpu_memory_fraction=args.gpu_memory_fraction,
     )
     return worker, telemetry_config.from_args(args, env)
 
@@ -69,6 +94,10 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
         config.kv_cache_bytes,
         config.block_size,
         progress=False,
+        quantize=config.quantize,
+        max_num_seqs=config.max_num_seqs,
+        cuda_graphs=config.cuda_graphs,
+        gpu_memory_fraction=config.gpu_memory_fraction,
     )
     reader = Reader()
     servicer = WorkerServicer(engine, config.model_name, reader, StepTelemetry(tracing, metrics))

@@ -14,14 +14,24 @@ class WorkerConfig:
     port: int = 50053
     device: str = "cpu"
     dtype: str = "float32"
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int = 1 << 30  # 0 on CUDA: what the weights leave of gpu_memory_fraction
     block_size: int = 16
+    quantize: str = "auto"
+    max_num_seqs: int = 256  # sizes the CUDA graphs and attention buffers
+    cuda_graphs: bool = True
+    gpu_memory_fraction: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
-        if self.kv_cache_bytes <= 0:
-            raise ValueError("kv_cache_bytes must be positive")
+        if self.kv_cache_bytes < 0:
+            raise ValueError("kv_cache_bytes must be >= 0")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be positive")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
 
