@@ -179,9 +179,10 @@ def test_the_cpu_worker_by_default_and_the_gpu_worker_in_its_profile(
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert gpu["build"]["dockerfile"] == "deploy/Dockerfile.cuda"
     assert cpu["build"]["dockerfile"] == "deploy/Dockerfile"
-    assert "worker:" + flag(cpu["command"], "--port") == flag(
-        compose["services"]["scheduler"]["command"], "--worker"
-    )
+    scheduler = compose["services"]["scheduler"]["command"]
+    assert "worker:" + flag(cpu["command"], "--port") == flag(scheduler, "--worker")
+    for worker in (cpu, gpu):  # the worker sizes its buffers and CUDA graphs for the batch
+        assert flag(worker["command"], "--max-num-seqs") == flag(scheduler, "--max-num-seqs")
 
 
 def test_the_model_cache_is_a_named_volume_at_tandem_home(compose: dict[str, Any]) -> None:
@@ -323,6 +324,7 @@ def test_scheduler_and_worker_share_dev_shm_in_one_pod_as_one_user() -> None:
         flag(scheduler["command"], "--worker") == f"127.0.0.1:{flag(worker['command'], '--port')}"
     )
     assert flag(scheduler["command"], "--transport") == "shm"
+    assert flag(worker["command"], "--max-num-seqs") == flag(scheduler["command"], "--max-num-seqs")
 
 
 def test_tokenizers_reach_the_scheduler_service_over_grpc_alone() -> None:
