@@ -109,7 +109,10 @@ async def serve(config: TokenizerConfig) -> int:
     from shm.arena import Arena
     from tandem.internal.v1 import scheduler_pb2_grpc
 
+    from shm.reaper import reap
+
     stop = stop_event_on_signals()
+    reap()  # what crashed processes left in a shared /dev/shm (e.g. across containers)
     tracing = Tracing.start(config.telemetry)
     metrics = TokenizerMetrics(config.model_name)
     tokenizer = load_tokenizer(config.tokenizer_path)

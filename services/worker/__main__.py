@@ -84,7 +84,10 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
     from services.worker.service import WorkerServicer
     from shm.reader import Reader
 
+    from shm.reaper import reap
+
     stop = stop_event_on_signals()
+    reap()  # what crashed processes left in a shared /dev/shm (e.g. across containers)
     tracing = Tracing.start(telemetry)
     metrics = WorkerMetrics(config.model_name)
     engine = Engine.from_path(
