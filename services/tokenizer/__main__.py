@@ -107,9 +107,8 @@ async def serve(config: TokenizerConfig) -> int:
     from services.tokenizer.events import EventRouter
     from services.tokenizer.service import GenerationServicer
     from shm.arena import Arena
-    from tandem.internal.v1 import scheduler_pb2_grpc
-
     from shm.reaper import reap
+    from tandem.internal.v1 import scheduler_pb2_grpc
 
     stop = stop_event_on_signals()
     reap()  # what crashed processes left in a shared /dev/shm (e.g. across containers)

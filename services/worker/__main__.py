@@ -83,7 +83,6 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
     from services.telemetry.worker_metrics import WorkerMetrics
     from services.worker.service import WorkerServicer
     from shm.reader import Reader
-
     from shm.reaper import reap
 
     stop = stop_event_on_signals()
