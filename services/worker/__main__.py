@@ -45,6 +45,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerConfig, TelemetryCo
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps"
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="CPU threads for the model (default: all cores but one, which the tokenizer and "
+        "scheduler need: a model thread that loses its core stalls every parallel op)",
+    )
+    parser.add_argument(
         "--gpu-memory-fraction",
         type=float,
         default=0.9,
@@ -71,11 +78,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerConfig, TelemetryCo
         max_num_seqs=args.max_num_seqs,
         cuda_graphs=not args.enforce_eager,
         gpu_memory_fraction=args.gpu_memory_fraction,
+        threads=args.threads,
     )
     return worker, telemetry_config.from_args(args, env)
 
 
 async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
+    import torch
+
     from engine.engine import Engine
     from services.telemetry.metrics_server import MetricsServer
     from services.telemetry.step_telemetry import StepTelemetry
@@ -85,6 +95,7 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
     from shm.reader import Reader
     from shm.reaper import reap
 
+    torch.set_num_threads(config.threads)
     stop = stop_event_on_signals()
     reap()  # what crashed processes left in a shared /dev/shm (e.g. across containers)
     tracing = Tracing.start(telemetry)

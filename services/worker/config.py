@@ -20,6 +20,7 @@ class WorkerConfig:
     max_num_seqs: int = 256  # sizes the CUDA graphs and attention buffers
     cuda_graphs: bool = True
     gpu_memory_fraction: float = 0.9
+    threads: int = 1  # intra-op threads on CPU
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -32,6 +33,8 @@ class WorkerConfig:
             )
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be positive")
+        if self.threads < 1:
+            raise ValueError("threads must be positive")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
 
