@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
+import torch
 from grpc import aio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -268,6 +269,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run: 1x2,8x8, 16 tokens")
     parser.add_argument("--json", type=Path, default=Path("bench/pipeline.json"))
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="model threads in-process, as the worker uses (its default: all cores but one)",
+    )
+    parser.add_argument(
         "--tracing", action="store_true", help="compare the shm pipeline with tracing off and on"
     )
     args = parser.parse_args()
@@ -285,6 +292,7 @@ def main() -> None:
         return [base[i * 7 : i * 7 + args.prompt_len] for i in range(n)]
 
     results: list[Summary] = []
+    torch.set_num_threads(args.threads)  # the same compute as the worker's, for a fair ratio
     engine = Engine.from_path(path, progress=False)
     in_process(engine, prompts(1), 4, 1, max_seqs)  # warm-up, not counted
     for c, n in scenarios:
