@@ -154,8 +154,12 @@ def test_one_trace_across_the_three_processes(
     assert len(steps) == n_out
     assert all(s.service == "tandem-worker" for s in steps)
     assert all((trace_id, root.span_id) in s.links for s in steps)
-    assert sum(s.parent_span_id == prefill.span_id for s in steps) == 1
-    assert sum(s.parent_span_id == decode.span_id for s in steps) == n_out - 1
+    # A step's parent is the request's phase when the step was planned. With async scheduling
+    # the step after the prompt's is planned while the prompt runs, so it may fall under
+    # "prefill" too; every later one is a child of "decode".
+    under_prefill = sum(s.parent_span_id == prefill.span_id for s in steps)
+    assert 1 <= under_prefill <= 2
+    assert sum(s.parent_span_id == decode.span_id for s in steps) == n_out - under_prefill
     first = min(steps, key=lambda s: s.start_ns)
     assert first.attributes["tandem.step.prefill_tokens"] == len(got.prompt_ids)
     assert first.attributes["tandem.step.batch_size"] == 1
