@@ -283,24 +283,17 @@ async def _supervise(args: argparse.Namespace) -> int:
 
 
 async def _demo(address: str, prompt: str) -> None:
-    from grpc import aio
+    from services.client import TandemClient
 
-    from tandem.v1 import generation_pb2 as pb
-    from tandem.v1 import generation_pb2_grpc
-
-    request = pb.GenerateRequest(
-        chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=prompt)]),
-        max_tokens=128,
-        sampling=pb.SamplingParams(temperature=0.0),
-    )
     print(f"\n> {prompt}\n", flush=True)
-    async with aio.insecure_channel(address) as channel:
-        async for reply in generation_pb2_grpc.GenerationStub(channel).Generate(request):
-            sys.stdout.write(reply.text)
+    async with TandemClient(address) as client:
+        messages = [{"role": "user", "content": prompt}]
+        async for delta in client.generate(messages=messages, max_tokens=128, temperature=0.0):
+            sys.stdout.write(delta.text)
             sys.stdout.flush()
-            if reply.finish_reason:
+            if delta.finish_reason and delta.usage is not None:
                 print(
-                    f"\n\n[{reply.usage.completion_tokens} tokens, {reply.finish_reason}] "
+                    f"\n\n[{delta.usage.completion_tokens} tokens, {delta.finish_reason}] "
                     "still serving; Ctrl-C stops",
                     flush=True,
                 )
