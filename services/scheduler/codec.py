@@ -78,18 +78,15 @@ def encode_plan(
     return desc
 
 
-@dataclass
-class TopLogprobs:
-    """Alternatives per sampled request, kept beside the core (which only needs the token)."""
-
-    by_request: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+# Alternatives per sampled request, kept beside the core (which only needs the token).
+TopLogprobs = dict[str, list[tuple[int, float]]]
 
 
 def decode_outcome(
     outcome: hp.StepOutcome, by_seq: dict[int, RequestRecord]
 ) -> tuple[StepResult, TopLogprobs]:
     sampled: dict[str, tuple[int, float]] = {}
-    top = TopLogprobs()
+    top: TopLogprobs = {}
     n = outcome.top_n
     for i, seq_id in enumerate(outcome.seq_ids):
         record = by_seq.get(seq_id)
@@ -99,7 +96,5 @@ def decode_outcome(
         if n:
             ids = outcome.top_ids[i * n : (i + 1) * n]
             lps = outcome.top_logprobs[i * n : (i + 1) * n]
-            top.by_request[record.request_id] = [
-                (t, lp) for t, lp in zip(ids, lps, strict=True) if t >= 0
-            ]
+            top[record.request_id] = [(t, lp) for t, lp in zip(ids, lps, strict=True) if t >= 0]
     return StepResult(step_id=outcome.step_id, sampled=sampled), top

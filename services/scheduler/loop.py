@@ -219,8 +219,8 @@ class StepLoop:
                 e.token_ids.append(event.token_id)
                 e.logprobs.append(event.logprob)
                 self.records[event.request_id].output_ids.append(event.token_id)
-                if top is not None and event.request_id in top.by_request:
-                    for token_id, logprob in top.by_request[event.request_id]:
+                if top is not None and event.request_id in top:
+                    for token_id, logprob in top[event.request_id]:
                         e.top_ids.append(token_id)
                         e.top_logprobs.append(logprob)
             elif isinstance(event, Finished):
