@@ -123,15 +123,19 @@ def build_metadata(
         tables = torch.zeros((len(decode_idx), max_blocks), dtype=torch.int64)
         for j, i in enumerate(decode_idx):
             tables[j, : len(block_tables[i])] = torch.tensor(block_tables[i])
-        positions = torch.arange(int(ctx_lens.max()))
-        key_slots = tables[:, positions // block_size] * block_size + positions % block_size
-        valid = positions[None, :] < ctx_lens[:, None]  # (B, max_ctx)
+        new_pos = ctx_lens - 1  # (B,) the position each decode writes
+        new_blocks = tables.gather(1, (new_pos // block_size)[:, None])[:, 0]
+        new_slots = new_blocks * block_size + new_pos % block_size
         for j, i in enumerate(decode_idx):
-            slot_parts[i] = key_slots[j, starts[i] : starts[i] + 1]
+            slot_parts[i] = new_slots[j : j + 1]
         rows = torch.tensor([row_of[i] for i in decode_idx], device=device)
         if decode_kernel is not None:
+            # The kernel walks the block tables itself: no per-key slots to build.
             decodes = KernelDecode(rows, tables.to(device), ctx_lens.to(device), decode_kernel)
         else:
+            positions = torch.arange(int(ctx_lens.max()))
+            key_slots = tables[:, positions // block_size] * block_size + positions % block_size
+            valid = positions[None, :] < ctx_lens[:, None]  # (B, max_ctx)
             decodes = GatherDecode(rows, key_slots.to(device), valid.to(device)[:, None, None, :])
     return AttentionMetadata(
         slot_mapping=torch.cat(slot_parts).to(device), prefills=prefills, decodes=decodes
