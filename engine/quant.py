@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
+from engine.cpu_linear import PackedLinear, packing_supported
+
 GROUP = 32  # GGUF's Q4 block size, and the int4 kernel's group size
 
 
@@ -100,14 +102,15 @@ def int4_supported(device: torch.device) -> bool:
 
 
 # Up to this many rows the int4 kernel wins; its cost grows linearly with the rows (it reuses
-# nothing across them), so larger batches and prefill take a bf16 copy of the same weights.
+# nothing across them), so larger batches and prefill take a bf16 copy of the same weights,
+# packed for oneDNN where the CPU multiplies bf16 natively.
 INT4_MAX_ROWS = 8
 
 
 class Int4Linear(nn.Module):
     """A linear layer whose weight is one int4 matrix (Q4_0/Q4_1) or a sum of two (Q8_0)."""
 
-    dense: torch.Tensor  # (N, K) bf16, for many rows at once
+    many_rows: nn.Module  # the same (N, K) weight in bf16, for many rows at once
     packed0: torch.Tensor  # (N, K / 2) uint8 codes in the kernel's layout
     scales_and_zeros0: torch.Tensor  # (K / GROUP, N, 2) bf16
     packed1: torch.Tensor  # the second matrix of a Q8_0 weight
@@ -117,8 +120,12 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = parts[0].shape
         self.num_parts = len(parts)
-        dense = sum(p.dequantize() for p in parts)
-        self.register_buffer("dense", torch.as_tensor(dense).to(torch.bfloat16))
+        dense = torch.as_tensor(sum(p.dequantize() for p in parts)).to(torch.bfloat16)
+        if packing_supported(torch.bfloat16):
+            self.many_rows = PackedLinear(dense, torch.bfloat16)
+        else:
+            self.many_rows = nn.Linear(self.in_features, self.out_features, bias=False)
+            self.many_rows.weight = nn.Parameter(dense, requires_grad=False)
         for i, blocks in enumerate(parts):
             # inner_k_tiles=1 is the CPU kernel's layout: the packed tensor is (N, K / 2) uint8.
             packed = torch._convert_weight_to_int4pack_for_cpu(blocks.codes, 1)
@@ -136,7 +143,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (tokens, K)
         if flat.shape[0] > INT4_MAX_ROWS:
-            return F.linear(flat, self.dense).to(x.dtype).reshape(*x.shape[:-1], -1)
+            return self.many_rows(flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed0, GROUP, self.scales_and_zeros0)
         if self.num_parts == 2:
             out += torch._weight_int4pack_mm_for_cpu(

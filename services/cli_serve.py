@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_args(p)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decodes")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="the worker's CPU threads for the model (default: all cores but one)",
+    )
+    p.add_argument(
         "--gpu-memory-fraction",
         type=float,
         default=0.9,
@@ -161,6 +167,7 @@ def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
                 "--gpu-memory-fraction",
                 str(args.gpu_memory_fraction),
                 *(["--enforce-eager"] if args.enforce_eager else []),
+                *(["--threads", str(args.threads)] if args.threads else []),
                 *_telemetry_args(args, "worker", worker_metrics),
             ],
             f"127.0.0.1:{worker_port}",

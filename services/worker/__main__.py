@@ -47,9 +47,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerConfig, TelemetryCo
     parser.add_argument(
         "--threads",
         type=int,
-        default=max(1, (os.cpu_count() or 2) - 1),
-        help="CPU threads for the model (default: all cores but one, which the tokenizer and "
-        "scheduler need: a model thread that loses its core stalls every parallel op)",
+        default=os.cpu_count() or 1,
+        help="CPU threads for batched steps and prefills (default: all cores); small decode "
+        "steps leave one core to the tokenizer and scheduler (services/worker/threads.py)",
     )
     parser.add_argument(
         "--gpu-memory-fraction",
@@ -92,6 +92,7 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
     from services.telemetry.tracing import Tracing
     from services.telemetry.worker_metrics import WorkerMetrics
     from services.worker.service import WorkerServicer
+    from services.worker.threads import ThreadPolicy
     from shm.reader import Reader
     from shm.reaper import reap
 
@@ -113,7 +114,12 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
         gpu_memory_fraction=config.gpu_memory_fraction,
     )
     reader = Reader()
-    servicer = WorkerServicer(engine, config.model_name, reader, StepTelemetry(tracing, metrics))
+    threads = (
+        ThreadPolicy(config.threads, os.cpu_count() or 1) if engine.device.type == "cpu" else None
+    )
+    servicer = WorkerServicer(
+        engine, config.model_name, reader, StepTelemetry(tracing, metrics), threads
+    )
     metrics_server = MetricsServer.start(
         telemetry.metrics_host, telemetry.metrics_port, metrics.registry
     )

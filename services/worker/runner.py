@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -14,6 +15,7 @@ from engine.sampling import SamplingParams
 from services.convert import sampling_from_pb
 from services.scheduler.plan import PLACEHOLDER
 from services.telemetry.step_telemetry import StepTelemetry
+from services.worker.threads import ThreadPolicy
 from shm.errors import ShmError
 from shm.handle import Handle
 from shm.reader import Reader
@@ -35,11 +37,16 @@ class StepRunner:
     """Keeps per-sequence state (prompt source, sampling) between steps, keyed by seq id."""
 
     def __init__(
-        self, engine: Engine, reader: Reader, telemetry: StepTelemetry | None = None
+        self,
+        engine: Engine,
+        reader: Reader,
+        telemetry: StepTelemetry | None = None,
+        threads: ThreadPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.reader = reader
         self.telemetry = telemetry or StepTelemetry()
+        self.threads = threads  # None: leave torch's thread count alone (and on CUDA)
         self.seqs: dict[int, SeqState] = {}
 
     def reset(self) -> None:
@@ -73,6 +80,10 @@ class StepRunner:
                 failed.append(new.seq_id)
                 outcome.error = f"sequence {new.seq_id}: {err}"
         batch = self._batch(desc, set(failed))
+        if self.threads is not None:
+            wanted = self.threads.for_step(desc.num_prefill_tokens, desc.num_decode_tokens)
+            if wanted != torch.get_num_threads():
+                torch.set_num_threads(wanted)
         try:
             outputs = self.engine.step(batch)
         except InvalidRequest as err:

@@ -19,6 +19,7 @@ from engine.engine import Engine
 from services.errors import InvalidArgument, Unavailable
 from services.telemetry.step_telemetry import StepTelemetry
 from services.worker.runner import StepRunner
+from services.worker.threads import ThreadPolicy
 from shm.consumer import RingConsumer
 from shm.errors import PeerGone, ShmError
 from shm.producer import RingProducer
@@ -82,10 +83,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         model_name: str,
         reader: Reader,
         telemetry: StepTelemetry | None = None,
+        threads: ThreadPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
-        self.runner = StepRunner(engine, reader, telemetry)
+        self.runner = StepRunner(engine, reader, telemetry, threads)
         self.lock = threading.Lock()
         self.loop: RingLoop | None = None
         self.generation = time.time_ns()

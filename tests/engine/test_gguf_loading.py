@@ -180,7 +180,7 @@ def test_quantized_weights_stay_quantized_on_cpu(tmp_path: Path, qtype: Q) -> No
     path = tmp_path / f"kept-{qtype.name}.gguf"
     reference = reference_model(write_gguf(path, qtype))
     ours, expected, linear = logits_of(path, reference, "auto")
-    assert linear == "int4"
+    assert linear.startswith("int4")
     assert float((ours - expected).abs().max() / expected.abs().max()) <= 3e-2
     assert float((ours.argmax(-1) == expected.argmax(-1)).float().mean()) >= 0.9
 
