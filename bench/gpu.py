@@ -4,10 +4,11 @@
 
 On the same random weights of the LLaMA-3-8B shapes (bf16): batch-1 decode against the HBM
 roofline (weight bytes ÷ a device-to-device copy bandwidth measured here); aggregate tokens/s at
-8, 64 and 256 concurrent sequences (prompt 512, output 256) against the step roofline; TTFT of a
-2,048-token prompt against the compute floor (FLOPs ÷ a matmul rate measured here); the same
-through the three-process pipeline; INT8 weights; transformers `generate` (eager and static
-cache); and the default model SmolLM2. Prints one table and writes JSON.
+8, 64 and 256 concurrent sequences (prompt 512, output 256), and their decode steps alone,
+against the step roofline; TTFT of a 2,048-token prompt against the compute floor (FLOPs ÷ a
+matmul rate measured here); the same through the three-process pipeline; INT8 weights;
+transformers `generate` (eager and static cache); and the default model SmolLM2. Prints one
+table and writes JSON.
 """
 
 from __future__ import annotations
@@ -136,6 +137,30 @@ def aggregate(engine: Engine, concurrency: int, prompt_len: int, out_len: int) -
     return summary.tokens_per_s
 
 
+def decode_steps(engine: Engine, n: int, context: int, steps: int) -> float:
+    """Tokens/s of decode steps alone with n sequences at `context` tokens: the step the step
+    roofline describes, without the prefills and scheduling of a whole workload around it."""
+    blocks = -(-(context + steps + 1) // engine.block_size)
+    seqs = [(f"s{i}", list(range(i * blocks, (i + 1) * blocks))) for i in range(n)]
+    for first in range(0, n, 8):  # prefill in groups: bounded activations
+        engine.step(
+            [
+                SeqInput(seq_id, random_prompt(context, engine.config.vocab_size, 200 + i), 0, t)
+                for i, (seq_id, t) in enumerate(seqs[first : first + 8], start=first)
+            ]
+        )
+    tokens = [1] * n
+    times = []
+    for step in range(steps):
+        batch = [SeqInput(s, [tokens[i]], context + step, t) for i, (s, t) in enumerate(seqs)]
+        start = time.perf_counter()
+        tokens = [o.token_id for o in engine.step(batch)]  # one host sync inside
+        times.append(time.perf_counter() - start)
+    engine.release(s for s, _ in seqs)
+    times.sort()
+    return n / times[len(times) // 2]
+
+
 def hf_model(path: Path, engine_config: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -232,6 +257,13 @@ def measure_8b(
             "tok/s",
             n * bandwidth / step_bytes,
         )
+        row(
+            f"8B decode steps, {n} seqs",
+            "tandem engine",
+            decode_steps(engine, n, 512 + out_len // 2, min(steps, 64)),
+            "tok/s",
+            n * bandwidth / step_bytes,
+        )
     params = sum(p.numel() for p in engine.model.parameters())
     attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim  # QK^T and PV, causal half each
     floor = (2 * params * 2048 + attention_flops) / flops
@@ -325,6 +357,7 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-int8", action="store_true")
     parser.add_argument("--skip-smollm", action="store_true")
+    parser.add_argument("--skip-8b", action="store_true", help="only the default model's rows")
     args = parser.parse_args()
     home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
     steps = 32 if args.quick else 128
@@ -340,9 +373,13 @@ def main() -> None:
     print(f"{'case':<34} {'system':<26} {'value':>10} {'unit':<8} of ceiling")
 
     path = registry.resolve("llama3-8b-random", home)
-    wbytes, c = measure_8b(path, bandwidth, flops, steps, out_len, concurrencies, args.skip_hf)
-    free()
-    roofline_b1 = bandwidth / wbytes
+    if not args.skip_8b:
+        wbytes, c = measure_8b(path, bandwidth, flops, steps, out_len, concurrencies, args.skip_hf)
+        free()
+        roofline_b1 = bandwidth / wbytes
+    else:
+        args.skip_int8 = args.skip_pipeline = True
+        wbytes = 0
 
     if not args.skip_int8:
         int8 = Engine.from_path(
