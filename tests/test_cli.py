@@ -133,3 +133,16 @@ def test_console_script_help_explains_commands() -> None:
     )
     for command in ("run", "tokenize", "models"):
         assert command in done.stdout
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--threads", "3"], "3")])
+def test_serve_passes_threads_to_the_worker_only_when_given(
+    argv: list[str], expected: str | None
+) -> None:
+    from services.cli import build_parser
+    from services.cli_serve import _specs
+
+    args = build_parser().parse_args(["serve", "--no-metrics", *argv])
+    worker = next(spec for spec in _specs(args) if spec.name == "worker")
+    given = worker.args[worker.args.index("--threads") + 1] if "--threads" in worker.args else None
+    assert given == expected
