@@ -271,8 +271,9 @@ def main() -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        default=max(1, (os.cpu_count() or 2) - 1),
-        help="model threads in-process, as the worker uses (its default: all cores but one)",
+        default=os.cpu_count() or 1,
+        help="model threads in-process (default: all cores, the worker's default for batched "
+        "steps; its small decode steps use one fewer)",
     )
     parser.add_argument(
         "--tracing", action="store_true", help="compare the shm pipeline with tracing off and on"

@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--threads",
         type=int,
         default=None,
-        help="the worker's CPU threads for the model (default: all cores but one)",
+        help="the worker's CPU threads for batched steps and prefills (default: all cores; "
+        "small decode steps leave one core to the other processes)",
     )
     p.add_argument(
         "--gpu-memory-fraction",
