@@ -1,13 +1,17 @@
-"""Fixtures shared by every layer's tests: the cached model files, and GPU skipping."""
+"""Fixtures shared by every layer's tests: the cached model files, an address nothing listens
+on, an OTLP receiver, and GPU skipping."""
 
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine import registry
+from tests.telemetry.otlp_receiver import OtlpReceiver
 
 
 def _home() -> Path:
@@ -29,6 +33,21 @@ def default_gguf(tandem_home: Path) -> Path:
 def llama3_tokenizer_model(tandem_home: Path) -> Path:
     """The LLaMA-3 tiktoken BPE file `tokenizer.model`."""
     return registry.fetch(registry.lookup("llama3"), tandem_home, quiet=True)
+
+
+@pytest.fixture
+def closed_address() -> str:
+    """An address nothing listens on: a port the OS gave out and took back."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    rx = OtlpReceiver().start()
+    yield rx
+    rx.stop()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -33,11 +32,3 @@ async def tandem_server() -> AsyncIterator[StartTandem]:
     yield start
     for server in servers:
         await server.stop(None)
-
-
-@pytest.fixture
-def closed_address() -> str:
-    """An address nothing listens on: a port the OS gave out and took back."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"

@@ -144,13 +144,6 @@ def wait_serving(running: Running, timeout_s: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    rx = OtlpReceiver().start()
-    yield rx
-    rx.stop()
-
-
-@pytest.fixture(scope="module")
 def stack(
     tmp_path_factory: pytest.TempPathFactory,
     tandem_home: Path,

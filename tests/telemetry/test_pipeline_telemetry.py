@@ -48,13 +48,6 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    rx = OtlpReceiver().start()
-    yield rx
-    rx.stop()
-
-
-@pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver) -> Iterator[Pipeline]:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
