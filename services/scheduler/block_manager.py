@@ -82,26 +82,19 @@ class BlockManager:
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise RuntimeError(f"allocate({n}) with only {len(self._free)} free blocks")
-        out: list[int] = []
-        for _ in range(n):
-            block_id, _ = self._free.popitem(last=False)
-            block_hash = self.block_hashes[block_id]
-            if block_hash is not None:
-                # Evict: the least recently freed cached block gives up its prefix.
-                self.block_hashes[block_id] = None
-                del self.cached[block_hash]
-                self.num_evictions += 1
-            self.ref_counts[block_id] = 1
-            out.append(block_id)
-        return out
+        return [self._take() for _ in range(n)]
 
     def allocate_one(self) -> int:
         """allocate(1)[0], without the list: a decode crossing into a new block."""
         if not self._free:
             raise RuntimeError("allocate_one() with no free block")
+        return self._take()
+
+    def _take(self) -> int:
+        """The least recently freed block, referenced once; a cached one gives up its prefix."""
         block_id, _ = self._free.popitem(last=False)
         block_hash = self.block_hashes[block_id]
-        if block_hash is not None:
+        if block_hash is not None:  # evict
             self.block_hashes[block_id] = None
             del self.cached[block_hash]
             self.num_evictions += 1
