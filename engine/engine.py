@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 
+from engine import cpu_kernels
 from engine.attention import build_metadata
 from engine.batch import SeqInput, SeqOutput
 from engine.config import ModelConfig
@@ -67,7 +68,8 @@ class Engine:
         self.kv = KVCache(self.config, total, block_size, self.dtype, self.device)
         self.sampler = Sampler()
         self._histories: dict[str, list[int]] = {}  # only for sequences with penalties
-        self.decode_kernel = None
+        # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
+        self.decode_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
         if on_cuda:
             from engine.cuda_graphs import DecodeGraphs
@@ -85,6 +87,8 @@ class Engine:
             )
             if cuda_graphs:
                 self.graphs = DecodeGraphs(self.model, self.kv, num_kv_blocks, max_num_seqs)
+        elif cpu_kernels.usable(self.kv.pool) and self.config.head_dim in cpu_kernels.HEAD_DIMS:
+            self.decode_kernel = cpu_kernels.PagedDecode(block_size)
 
     @classmethod
     def from_path(

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from engine import cpu_kernels
+from engine.codes_linear import gather_codes
 from engine.config import ModelConfig
 from engine.cpu_linear import pack_linears, packing_supported
 from engine.errors import InvalidRequest, ModelNotFound
@@ -30,7 +32,9 @@ class LoadedModel:
     config: ModelConfig
     path: Path
     weight_format: str  # the file's, e.g. "gguf:Q4_1" or "safetensors"
-    linear_format: str  # how the projections are served: "int4", or the dtype's name
+    # How the projections are served: "native-codes" (the GGUF's codes, native CPU kernel),
+    # "int4" (torch's int4 kernel), "int8", or a dtype's name; "packed-" for oneDNN's layout.
+    linear_format: str
 
 
 class _Source:
@@ -66,8 +70,9 @@ def load_model(
     quantize: str = "auto",
 ) -> LoadedModel:
     """quantize: "auto" is the fastest measured choice for the device: on CPU a GGUF's
-    Q4_0/Q4_1/Q8_0 projections stay 4-bit for steps of few rows (int4 kernel) beside a bf16 copy
-    in oneDNN's packed layout for larger ones, and float projections are packed in `dtype`;
+    Q4_0/Q4_1/Q8_0 projections stay quantized (the native kernel where it is built; otherwise
+    torch's int4 kernel for steps of few rows beside a bf16 copy in oneDNN's packed layout for
+    larger ones), and float projections are packed in `dtype`;
     elsewhere as "none". "none" dequantizes everything to `dtype` as plain `nn.Linear`s; "int8"
     serves every projection as weight-only int8 with per-channel scales."""
     if quantize not in QUANTIZE_MODES:
@@ -99,7 +104,10 @@ def load_model(
     with _bar(total, path.name, progress) as bar:
         source = _Source(reader, dtype, bar, keep_q4)
         model = build_model(config, source, device, rope_factors)
-    linear = "int4" if source.kept_q4 else str(dtype).removeprefix("torch.")
+    kept = "native-codes" if cpu_kernels.load() else "int4"
+    if source.kept_q4 and kept == "native-codes":
+        gather_codes(model)
+    linear = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
     if quantize == "int8":
         quantize_int8(model)
         linear = "int8"
@@ -108,7 +116,7 @@ def load_model(
         packed_dtype = torch.bfloat16 if file_format.startswith("gguf:Q") else dtype
         if packing_supported(packed_dtype) and pack_linears(model, packed_dtype):
             packed = "packed-" + str(packed_dtype).removeprefix("torch.")
-            linear = f"int4+{packed}" if source.kept_q4 else packed
+            linear = f"{kept}+{packed}" if source.kept_q4 else packed
     return LoadedModel(model, config, path, file_format, linear)
 
 

@@ -1,10 +1,12 @@
-"""The model's few fusable operations, in PyTorch on CPU and as fused Triton kernels on CUDA."""
+"""The model's few fusable operations: fused Triton kernels on CUDA, fused native kernels on CPU
+(engine/cpu_kernels.py) for fp32 where they could be built, PyTorch elsewhere."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from engine import cpu_kernels
 from engine.rope import apply_rope
 
 
@@ -16,6 +18,9 @@ def add_rms_norm(
         from engine.kernels.fused import add_rms_norm as fused
 
         return fused(x, residual, weight, eps)
+    if residual is not None and cpu_kernels.usable(x):
+        normed, summed = torch.ops.tandem.add_rms_norm(x, residual, weight, eps)
+        return normed, summed
     summed = x if residual is None else x + residual
     if summed.dtype == torch.float32:
         return F.rms_norm(summed, (summed.shape[-1],), weight, eps), summed  # one fused op
@@ -39,6 +44,9 @@ def rope_and_store(
 
         fused(qkv, cos, sin, pool, slots, n_heads, n_kv)
         return
+    if cpu_kernels.usable(qkv):
+        torch.ops.tandem.rope_and_store(qkv, cos, sin, pool, slots, n_heads, n_kv)
+        return
     t, _, hd = qkv.shape
     rotated = n_heads + n_kv
     qkv[:, :rotated] = apply_rope(qkv[:, :rotated], cos, sin)
@@ -51,5 +59,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         from engine.kernels.fused import silu_mul as fused
 
         return fused(gate_up)
+    if cpu_kernels.usable(gate_up):
+        return torch.ops.tandem.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

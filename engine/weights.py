@@ -3,7 +3,8 @@
 Readers (GGUF, safetensors) yield tensors named as in Hugging Face's LLaMA, with Q/K rows in HF's
 rotate-half order; `build_model` fuses Q/K/V and gate/up and attaches everything with
 `assign=True`, so no memory is spent on random initialisation. Projections whose GGUF blocks are
-4-bit may stay 4-bit: their `nn.Linear` is swapped for an `Int4Linear` the model never knows of.
+4-bit (or Q8_0) may stay quantized: their `nn.Linear` is swapped for a `CodesLinear` (the native
+CPU kernel, where it is built) or an `Int4Linear` (torch's int4 kernel) the model never knows of.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from engine import cpu_kernels
+from engine.codes_linear import CodesLinear
 from engine.config import ModelConfig
 from engine.errors import ModelFormatError
 from engine.model import Transformer
@@ -49,7 +52,7 @@ def build_model(
     with torch.device("meta"):
         model = Transformer(config)
     state = {"tok_embeddings.weight": source.get("model.embed_tokens.weight")}
-    swapped: dict[str, Int4Linear] = {}
+    swapped: dict[str, CodesLinear | Int4Linear] = {}
     for i in range(config.n_layers):
         for path, parts in PROJECTIONS.items():
             names = [f"model.layers.{i}.{part}.weight" for part in parts]
@@ -102,8 +105,9 @@ def build_model(
     return model.requires_grad_(False).eval()
 
 
-def _fused_int4(tensors: list[list[Q4Blocks] | None]) -> Int4Linear | None:
-    """One int4 layer stacking the rows of several tensors, if all are int4 alike; else None."""
+def _fused_int4(tensors: list[list[Q4Blocks] | None]) -> CodesLinear | Int4Linear | None:
+    """One quantized layer stacking the rows of several tensors, if all are quantized alike;
+    else None."""
     if any(t is None for t in tensors):
         return None
     parts = [t for t in tensors if t is not None]
@@ -112,7 +116,8 @@ def _fused_int4(tensors: list[list[Q4Blocks] | None]) -> Int4Linear | None:
     rows = sum(t[0].shape[0] for t in parts)
     if not Int4Linear.fits(rows, parts[0][0].shape[1]):
         return None
-    return Int4Linear(*(Q4Blocks.cat([t[j] for t in parts]) for j in range(len(parts[0]))))
+    layer = CodesLinear if cpu_kernels.load() else Int4Linear
+    return layer(*(Q4Blocks.cat([t[j] for t in parts]) for j in range(len(parts[0]))))
 
 
 def _check_shapes(model: Transformer, state: dict[str, torch.Tensor]) -> None:

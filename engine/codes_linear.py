@@ -1,0 +1,126 @@
+"""GGUF's 4- and 8-bit weights served as they are by tandem's native CPU kernel.
+
+`CodesLinear` stands in for `nn.Linear` (the model never knows) wherever the native kernels
+(engine/cpu_kernels.py) are built. Its matmul quantizes the activations to int8 per block of 32,
+as llama.cpp does, and multiplies them with the weight's codes in integers (AVX-512 VNNI).
+Measured on the 2-core AVX-512 machine against torch's int4 kernel (bf16 activations) on
+SmolLM2-135M's shapes: 3.5-4x faster from 1 to 64 rows; and faster than a bf16 copy of the
+weights in oneDNN's packed layout up to 512 rows, so no float copy is kept at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+from torch import nn
+
+from engine.quant import GROUP, Q4Blocks
+
+ROWS_PER_GROUP = 16  # the kernel's output rows per vector
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # Linux's madvise advice: back this range with transparent huge pages
+
+log = logging.getLogger(__name__)
+
+
+def grouped_codes(
+    parts: tuple[Q4Blocks, ...],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The kernel's layout (engine/csrc/cpu_kernels.cpp) of one Q4 matrix (Q4_0/Q4_1), or of the
+    two a Q8_0 weight was split into: w = scale * u + minimum per block, u an unsigned code.
+    Returns codes (N/16, K/32, 16 rows x 32 codes x bits/8) uint8, scale and minimum
+    (N/16, K/32, 16) fp16, and the code width in bits."""
+    n, k = parts[0].shape
+    groups, blocks = n // ROWS_PER_GROUP, k // GROUP
+    if len(parts) == 1:
+        (only,) = parts
+        scale = only.scales
+        minimum = only.zeros - 8 * only.scales  # Q4Blocks: w = (code - 8) * scale + zero
+        # (group, row, block, half, chunk, t) → (group, block, chunk, row, t, half), where the
+        # code index is 16 half + 4 chunk + t: byte 4 row + t of unit `chunk` holds half 0 in
+        # its low nibble and half 1 in its high one.
+        u = only.codes.view(groups, ROWS_PER_GROUP, blocks, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
+        codes = (u[..., 0] | (u[..., 1] << 4)).to(torch.uint8)
+        bits = 4
+    else:
+        high, low = parts  # Q8_0's q = 16 (high - 8) + low, and w = d q with d = low.scales
+        q = 16 * (high.codes - 8) + low.codes
+        scale = low.scales
+        minimum = -128 * scale  # u = q + 128 is unsigned
+        # (group, row, block, chunk, t) → (group, block, chunk, row, t): byte 4 row + t of unit
+        # `chunk` is code 4 chunk + t.
+        u = (q + 128).view(groups, ROWS_PER_GROUP, blocks, 8, 4).permute(0, 2, 3, 1, 4)
+        codes = u.to(torch.uint8)
+        bits = 8
+
+    def by_group(t: torch.Tensor) -> torch.Tensor:  # (N, K/32) → (N/16, K/32, 16)
+        return t.view(groups, ROWS_PER_GROUP, blocks).transpose(1, 2).contiguous().half()
+
+    return codes.reshape(groups, blocks, -1).contiguous(), by_group(scale), by_group(minimum), bits
+
+
+class CodesLinear(nn.Module):
+    """A linear layer over a GGUF Q4_0/Q4_1 weight (one part) or Q8_0 weight (two parts)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    minimum: torch.Tensor
+
+    def __init__(self, *parts: Q4Blocks) -> None:
+        super().__init__()
+        self.out_features, self.in_features = parts[0].shape
+        codes, scale, minimum, self.bits = grouped_codes(parts)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        matmul = torch.ops.tandem.block_matmul.default
+        if x.dim() == 2 and x.dtype == torch.float32:  # the model's own calls: no reshaping
+            return matmul(x.contiguous(), self.codes, self.scale, self.minimum, self.bits)
+        flat = x.reshape(-1, self.in_features).float().contiguous()  # (tokens, K)
+        out = matmul(flat, self.codes, self.scale, self.minimum, self.bits)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def _huge_page_buffer(nbytes: int) -> torch.Tensor:
+    """nbytes of uint8 starting on a 2 MiB boundary, asked to be backed by huge pages (Linux;
+    elsewhere, or where refused, plain pages)."""
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: no page exists yet
+    start = -raw.data_ptr() % HUGE_PAGE
+    buffer = raw[start : start + nbytes]
+    whole_pages = nbytes // HUGE_PAGE * HUGE_PAGE
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.madvise(ctypes.c_void_p(buffer.data_ptr()), whole_pages, MADV_HUGEPAGE) != 0:
+            log.info("huge pages refused for the weights (errno %d)", ctypes.get_errno())
+    except (OSError, AttributeError):
+        pass
+    return buffer
+
+
+def gather_codes(model: nn.Module) -> int:
+    """Move every CodesLinear's tensors into one buffer, in the order the forward pass reads
+    them, on huge pages; returns its size in bytes.
+
+    A one-row step streams each weight from memory once. Measured on the 2-core machine for
+    SmolLM2-135M's 120 projections: 4.4 ms from separate allocations, 3.0-3.5 ms from one buffer
+    on huge pages (fewer TLB misses, and one stream the prefetcher follows from layer to layer).
+    """
+    layers = [m for m in model.modules() if isinstance(m, CodesLinear)]
+    names = ("codes", "scale", "minimum")
+    tensors = [getattr(layer, name) for layer in layers for name in names]
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]  # cache-line aligned
+    buffer = _huge_page_buffer(sum(sizes))
+    offset = 0
+    for i, layer in enumerate(layers):
+        for j, name in enumerate(names):
+            tensor, size = tensors[3 * i + j], sizes[3 * i + j]
+            nbytes = tensor.numel() * tensor.element_size()
+            view = buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor)
+            setattr(layer, name, view)
+            offset += size
+    return offset

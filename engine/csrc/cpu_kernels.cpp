@@ -1,0 +1,440 @@
+// tandem's native CPU kernels: what a decode step does between its matmuls, fused, and the
+// GGUF 4-bit matmul computed the way llama.cpp does it.
+//
+// Why native code: on the 2-core CPU we serve from, every small PyTorch op costs 3-4 us of
+// dispatch, and a one-row step of SmolLM2-135M runs ~35 of them per layer; torch's int4 kernel
+// also multiplies bf16 activations and runs at a third of the memory bandwidth. Here:
+//
+// - q4_matmul / q8_matmul: activations are quantized per 32-value block to int8 (a scale per
+//   block, as llama.cpp's q8_1), then each block's dot product with the weight's 4-bit (or
+//   8-bit) codes is one u8 x s8 integer instruction (AVX-512 VNNI, or AVX2's maddubs), scaled
+//   in fp32: w = d*q + m gives  d*da*sum(q*a) + m*da*sum(a).
+// - add_rms_norm, rope_and_store, silu_mul: one pass each over fp32 rows.
+// - paged_decode: one query per sequence against its keys read through the block table,
+//   in place in the pool (no gather into a padded batch).
+//
+// Registered as torch ops (torch.ops.tandem.*); threads come from ATen's pool, so
+// torch.set_num_threads governs them as it does every other op. fp32 activations only.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
+#error "tandem's CPU kernels need AVX-512 (F, BW) and VNNI"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // GGUF's Q4_0/Q4_1/Q8_0 block: values sharing one scale
+
+// ---- activations as int8 blocks ---------------------------------------------------------------
+
+struct QuantizedRows {
+  int64_t rows, blocks;
+  std::vector<int8_t> q;    // (rows, blocks * 32)
+  std::vector<float> d;     // (rows, blocks): value = d * q
+  std::vector<float> dsum;  // (rows, blocks): d * sum(q), for the weight's minimum term
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = k / kBlock;
+  QuantizedRows out{rows, blocks, std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks),
+                    std::vector<float>(rows * blocks)};
+  for (int64_t i = 0; i < rows * blocks; ++i) {
+    const __m512 v0 = _mm512_loadu_ps(x + i * kBlock), v1 = _mm512_loadu_ps(x + i * kBlock + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // rounds to nearest even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[i * kBlock]), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[i * kBlock + 16]), _mm512_cvtsepi32_epi8(q1));
+    out.d[i] = amax / 127.f;
+    out.dsum[i] = out.d[i] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+  return out;
+}
+
+// ---- weights in groups of 16 rows -------------------------------------------------------------
+//
+// A weight is w = d * u + m per 32-value block, u an unsigned code: 4-bit for Q4_0/Q4_1, 8-bit
+// (q + 128, m = -128 d) for Q8_0. The loader lays the codes out in groups of 16 output rows:
+// for each group, block by block, 64-byte units in which byte 4r + t belongs to row r:
+//   4-bit: unit c (0-3) holds code 4c + t in its low nibble and code 16 + 4c + t in its high one;
+//   8-bit: unit c (0-7) holds code 4c + t.
+// So one unpacked vector is "4 consecutive codes of 16 rows", and a VNNI dot product against the
+// 4 matching activations broadcast gives 16 rows' partial sums at once: no horizontal sums, and
+// a block's fp16 scales of 16 rows convert in one instruction. Scales are (groups, blocks, 16).
+
+constexpr int64_t kRows = 16;
+constexpr int64_t kPrefetchBlocks = 16;
+
+template <int Bits>
+struct Codes {
+  static constexpr int64_t kBlockBytes = kRows * kBlock * Bits / 8;  // one block of 16 rows
+  // The 8 vectors of one block of 16 rows: code chunk c (codes 4c..4c+3) in w[c].
+  static inline void load(const uint8_t* p, __m512i w[8]) {
+    if constexpr (Bits == 4) {
+      const __m512i low = _mm512_set1_epi8(0x0F);
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(p + 64 * c);
+        w[c] = _mm512_and_si512(v, low);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(p + 64 * c);
+    }
+  }
+};
+
+// out[r0 .. r0 + R, rows of group g]: the group's codes are unpacked once per block and used for
+// R activation rows.
+template <int Bits, int R>
+void group_tile(const QuantizedRows& a, int64_t r0, const uint8_t* codes, const c10::Half* scale,
+                const c10::Half* minimum, float* out, int64_t n_out) {
+  const int64_t nb = a.blocks, k = nb * kBlock;
+  __m512 acc[R];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i w[8];
+    const uint8_t* here = codes + b * Codes<Bits>::kBlockBytes;
+    // A one-row product streams its weight from memory once; the hardware prefetcher alone
+    // reaches half the bandwidth, so ask for the blocks a few ahead (past the group's end, too:
+    // the next group follows it).
+    for (int64_t line = 0; line < Codes<Bits>::kBlockBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(here + kPrefetchBlocks * Codes<Bits>::kBlockBytes + line), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scale + (b + kPrefetchBlocks) * kRows), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(minimum + (b + kPrefetchBlocks) * kRows), _MM_HINT_T0);
+    Codes<Bits>::load(here, w);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + b * kRows)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(minimum + b * kRows)));
+    for (int r = 0; r < R; ++r) {
+      const int32_t* act = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * k + b * kBlock]);
+      // Two chains, so consecutive dot products do not wait on each other.
+      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        even = _mm512_dpbusd_epi32(even, w[c], _mm512_set1_epi32(act[c]));
+        odd = _mm512_dpbusd_epi32(odd, w[c + 1], _mm512_set1_epi32(act[c + 1]));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      const int64_t i = (r0 + r) * nb + b;
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dot, dw), _mm512_set1_ps(a.d[i]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.dsum[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (r0 + r) * n_out, acc[r]);
+}
+
+// x: (M, K) fp32; codes: the laid-out codes of an (N, K) weight; scale, minimum: (N/16, K/32, 16)
+// fp16. Returns x @ w.T, (M, N) fp32.
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                        const at::Tensor& minimum, int64_t bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "activations must be contiguous fp32 (rows, K)");
+  TORCH_CHECK(bits == 4 || bits == 8, "codes are 4 or 8 bits");
+  const int64_t m = x.size(0), k = x.size(1), nb = k / kBlock;
+  TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32");
+  TORCH_CHECK(scale.dim() == 3 && scale.size(2) == kRows && scale.scalar_type() == at::kHalf &&
+                  scale.is_contiguous(),
+              "scales must be fp16 (N / 16, K / 32, 16)");
+  TORCH_CHECK(scale.size(1) == nb, "activations have ", k, " features; the weight takes ",
+              scale.size(1) * kBlock);
+  TORCH_CHECK(minimum.sizes() == scale.sizes() && minimum.scalar_type() == at::kHalf &&
+                  minimum.is_contiguous(),
+              "minimums must be like the scales");
+  const int64_t groups = scale.size(0), n = groups * kRows;
+  const int64_t group_bytes = nb * kRows * kBlock * bits / 8;
+  TORCH_CHECK(codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+                  codes.numel() == groups * group_bytes,
+              "codes do not match the scales' shape");
+  at::Tensor out = at::empty({m, n}, x.options());
+  const QuantizedRows a = quantize_rows(x.data_ptr<float>(), m, k);
+  const uint8_t* code_ptr = codes.data_ptr<uint8_t>();
+  const c10::Half* scale_ptr = scale.data_ptr<c10::Half>();
+  const c10::Half* min_ptr = minimum.data_ptr<c10::Half>();
+  float* out_ptr = out.data_ptr<float>();
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* c = code_ptr + g * group_bytes;
+      const c10::Half* d = scale_ptr + g * nb * kRows;
+      const c10::Half* mn = min_ptr + g * nb * kRows;
+      float* o = out_ptr + g * kRows;
+      auto tiles = [&](auto bits_tag) {
+        constexpr int B = decltype(bits_tag)::value;
+        int64_t r = 0;
+        for (; r + 4 <= m; r += 4) group_tile<B, 4>(a, r, c, d, mn, o, n);
+        for (; r + 2 <= m; r += 2) group_tile<B, 2>(a, r, c, d, mn, o, n);
+        for (; r < m; ++r) group_tile<B, 1>(a, r, c, d, mn, o, n);
+      };
+      if (bits == 4)
+        tiles(std::integral_constant<int, 4>{});
+      else
+        tiles(std::integral_constant<int, 8>{});
+    }
+  });
+  return out;
+}
+
+// ---- between the matmuls ---------------------------------------------------------------------
+
+// e^x for 16 floats (Cephes' polynomial, ~1 ulp): e^x = 2^n * e^r with |r| <= ln2 / 2. Scalar
+// expf costs ~5 ns a call; softmax over a decode step's keys makes tens of thousands of them.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)),
+                    _mm512_set1_ps(-87.3365447504f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i pow2 =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(pow2));
+}
+
+void check_rows(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), what, " must be contiguous fp32");
+}
+
+// (rms_norm(x + residual) * weight, x + residual) in one pass over each row.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  check_rows(residual, "residual");
+  check_rows(weight, "weight");
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  TORCH_CHECK(weight.numel() == dim, "weight must have one value per feature");
+  TORCH_CHECK(residual.sizes() == x.sizes(), "residual must match x");
+  at::Tensor summed = at::empty_like(x);
+  at::Tensor normed = at::empty_like(x);
+  const float* xs = x.data_ptr<float>();
+  const float* res = residual.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* sum_out = summed.data_ptr<float>();
+  float* norm_out = normed.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xs + r * dim;
+    const float* rr = res + r * dim;
+    float* s = sum_out + r * dim;
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 16) {
+      const __mmask16 live = dim - i >= 16 ? 0xFFFF : (1u << (dim - i)) - 1;
+      const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(live, xr + i), _mm512_maskz_loadu_ps(live, rr + i));
+      _mm512_mask_storeu_ps(s + i, live, v);
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const float mean = _mm512_reduce_add_ps(squares) / static_cast<float>(dim);
+    const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(mean + static_cast<float>(eps)));
+    for (int64_t i = 0; i < dim; i += 16) {
+      const __mmask16 live = dim - i >= 16 ? 0xFFFF : (1u << (dim - i)) - 1;
+      _mm512_mask_storeu_ps(norm_out + r * dim + i, live,
+                            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + i), inv),
+                                          _mm512_maskz_loadu_ps(live, w + i)));
+    }
+  }
+  return {normed, summed};
+}
+
+// qkv: (T, n_heads + 2 n_kv, hd). RoPE (rotate-half) on the Q and K heads in place; then each
+// token's K and V into pool[slot] = (2, n_kv, hd).
+void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& pool, const at::Tensor& slots, int64_t n_heads,
+                    int64_t n_kv) {
+  check_rows(qkv, "qkv");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  check_rows(pool, "pool");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous(), "slots must be int64");
+  const int64_t t = qkv.size(0), heads = qkv.size(1), hd = qkv.size(2), half = hd / 2;
+  TORCH_CHECK(heads == n_heads + 2 * n_kv && slots.numel() == t, "qkv and slots disagree");
+  TORCH_CHECK(pool.dim() == 4 && pool.size(1) == 2 && pool.size(2) == n_kv && pool.size(3) == hd,
+              "pool must be (slots, 2, n_kv, hd)");
+  float* base = qkv.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  float* pool_ptr = pool.data_ptr<float>();
+  const int64_t num_slots = pool.size(0), token_kv = 2 * n_kv * hd;
+  for (int64_t i = 0; i < t; ++i) {
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "slot ", slot[i], " is outside the pool");
+    const float* c = cos.data_ptr<float>() + i * hd;
+    const float* s = sin.data_ptr<float>() + i * hd;
+    for (int64_t h = 0; h < n_heads + n_kv; ++h) {
+      float* x = base + (i * heads + h) * hd;
+      for (int64_t j = 0; j < half; ++j) {
+        const float a = x[j], b = x[j + half];
+        x[j] = a * c[j] - b * s[j];
+        x[j + half] = b * c[j + half] + a * s[j + half];
+      }
+    }
+    std::copy_n(base + (i * heads + n_heads) * hd, token_kv, pool_ptr + slot[i] * token_kv);
+  }
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * width);
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = width;
+  at::Tensor out = at::empty(shape, gate_up.options());
+  const float* in = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = in + r * 2 * width;
+    const float* u = g + width;
+    for (int64_t i = 0; i < width; i += 16) {
+      const __mmask16 live = width - i >= 16 ? 0xFFFF : (1u << (width - i)) - 1;
+      const __m512 gate = _mm512_maskz_loadu_ps(live, g + i);
+      const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate))));
+      _mm512_mask_storeu_ps(o + r * width + i, live,
+                            _mm512_mul_ps(_mm512_mul_ps(gate, sig), _mm512_maskz_loadu_ps(live, u + i)));
+    }
+  }
+  return out;
+}
+
+// ---- decode attention over the paged pool ----------------------------------------------------
+
+// One sequence's decode attention, head dim 16 V: every query head against the sequence's keys,
+// a KV block at a time (flash-decoding: a running max and sum per head, so each block is read
+// once). A block's slots are adjacent in the pool: keys, then values, read as one stream.
+template <int V>
+void attend_sequence(const float* qb, float* ob, const float* kv, const int64_t* table,
+                     int64_t ctx, int64_t block_size, int64_t n_heads, int64_t n_kv,
+                     float* scores, float* top, float* total) {
+  constexpr int64_t hd = 16 * V;
+  const int64_t group = n_heads / n_kv, slot_floats = 2 * n_kv * hd;
+  const int64_t stride = (block_size + 15) / 16 * 16;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  std::fill_n(ob, n_heads * hd, 0.f);
+  std::fill_n(top, n_heads, -INFINITY);
+  std::fill_n(total, n_heads, 0.f);
+  for (int64_t first = 0, index = 0; first < ctx; first += block_size, ++index) {
+    const float* block = kv + table[index] * block_size * slot_floats;
+    const int64_t n = std::min(block_size, ctx - first);
+    if (first + block_size < ctx) {
+      // The next block is elsewhere in the pool: ask for it now, while this one is computed.
+      const float* next = kv + table[index + 1] * block_size * slot_floats;
+      for (int64_t off = 0; off < block_size * slot_floats; off += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const float* keys = block + i * slot_floats;  // (n_kv, hd)
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const float* k = keys + h / group * hd;
+        const float* qh = qb + h * hd;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(k));
+        for (int j = 1; j < V; ++j)
+          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * j), _mm512_loadu_ps(k + 16 * j), acc);
+        scores[h * stride + i] = _mm512_reduce_add_ps(acc) * scale;
+      }
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* sc = scores + h * stride;
+      float block_top = -INFINITY;
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+        block_top = std::max(block_top, _mm512_mask_reduce_max_ps(live, _mm512_loadu_ps(sc + i)));
+      }
+      const float new_top = std::max(top[h], block_top);
+      const float rescale = std::exp(top[h] - new_top);
+      top[h] = new_top;
+      float block_total = 0.f;
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+        const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + i), _mm512_set1_ps(new_top)));
+        _mm512_storeu_ps(sc + i, p);  // the buffer is padded to whole vectors
+        block_total += _mm512_mask_reduce_add_ps(live, p);
+      }
+      total[h] = total[h] * rescale + block_total;
+      __m512 o[V];
+      const __m512 r = _mm512_set1_ps(rescale);
+      for (int j = 0; j < V; ++j) o[j] = _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), r);
+      const float* values = block + (n_kv + h / group) * hd;
+      for (int64_t i = 0; i < n; ++i) {
+        const __m512 p = _mm512_set1_ps(sc[i]);
+        for (int j = 0; j < V; ++j)
+          o[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(values + i * slot_floats + 16 * j), o[j]);
+      }
+      for (int j = 0; j < V; ++j) _mm512_storeu_ps(ob + h * hd + 16 * j, o[j]);
+    }
+  }
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const __m512 inv = _mm512_set1_ps(1.f / total[h]);
+    for (int j = 0; j < V; ++j)
+      _mm512_storeu_ps(ob + h * hd + 16 * j, _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), inv));
+  }
+}
+
+// q: (B, n_heads, hd), one query per sequence; pool: (slots, 2, n_kv, hd); tables: (B, max_blocks)
+// block ids; context_lens: (B,). One task per sequence. Head dims 64 and 128.
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
+                        const at::Tensor& context_lens, int64_t block_size) {
+  check_rows(q, "q");
+  check_rows(pool, "pool");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 2,
+              "tables must be (B, max_blocks) int64");
+  TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous(),
+              "context_lens must be int64");
+  const int64_t batch = q.size(0), n_heads = q.size(1), hd = q.size(2);
+  const int64_t n_kv = pool.size(2), max_blocks = tables.size(1);
+  TORCH_CHECK(pool.size(3) == hd && n_heads % n_kv == 0, "pool and q disagree");
+  TORCH_CHECK(hd == 64 || hd == 128, "head dim must be 64 or 128");
+  const int64_t num_slots = pool.size(0);
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const int64_t* table = tables.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size, "context length ", lens[b],
+                " does not fit its block table");
+    for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(table[b * max_blocks + i] >= 0 &&
+                      (table[b * max_blocks + i] + 1) * block_size <= num_slots,
+                  "block ", table[b * max_blocks + i], " is outside the pool");
+  }
+  at::Tensor out = at::empty_like(q);
+  const float* kv = pool.data_ptr<float>();
+  const float* qs = q.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> scores(n_heads * ((block_size + 15) / 16 * 16)), top(n_heads), total(n_heads);
+    for (int64_t b = b0; b < b1; ++b) {
+      auto attend = hd == 64 ? attend_sequence<4> : attend_sequence<8>;
+      attend(qs + b * n_heads * hd, os + b * n_heads * hd, kv, table + b * max_blocks, lens[b],
+             block_size, n_heads, n_kv, scores.data(), top.data(), total.data());
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tandem, m) {
+  m.def("block_matmul(Tensor x, Tensor codes, Tensor scale, Tensor minimum, int bits) -> Tensor",
+        block_matmul);
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+        add_rms_norm);
+  m.def("rope_and_store(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) pool, Tensor slots, "
+        "int n_heads, int n_kv) -> ()",
+        rope_and_store);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", silu_mul);
+  m.def("paged_decode(Tensor q, Tensor pool, Tensor tables, Tensor context_lens, int block_size) "
+        "-> Tensor",
+        paged_decode);
+}

@@ -1,0 +1,132 @@
+"""The native CPU kernels against PyTorch computing the same thing, and their refusals of bad
+input (an error naming the problem, never a crash or a read outside the pool)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from engine import cpu_kernels
+from engine.attention import build_metadata
+from engine.codes_linear import CodesLinear
+from engine.quant import q4_blocks, q8_0_as_q4_pair
+from engine.rope import apply_rope
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.supported(), reason="the native CPU kernels need x86-64 with AVX-512 VNNI"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    assert cpu_kernels.load(), "the CPU supports the kernels, so they must build"
+
+
+def relative_error(ours: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((ours - expected).abs().max() / expected.abs().max())
+
+
+def gguf_parts(kind: Q, n: int, k: int, seed: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
+    if kind == Q.Q8_0:
+        return q8_0_as_q4_pair(raw, (n, k))
+    return (q4_blocks(raw, kind, (n, k)),)
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16, 33])
+def test_codes_linear_equals_the_dequantized_weight(kind: Q, rows: int) -> None:
+    """Activations are rounded to int8 per block of 32 (as llama.cpp's): an error of ~1%."""
+    n, k = 48, 96
+    parts = gguf_parts(kind, n, k, rows)
+    layer = CodesLinear(*parts)
+    weight = sum(p.dequantize() for p in parts)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    ours, expected = layer(x), x @ weight.T
+    assert ours.shape == (rows, n)
+    assert relative_error(ours, expected) <= 2e-2
+    # Leading dimensions and other dtypes go through the same kernel.
+    other = layer(x.view(1, rows, k).bfloat16())
+    assert other.shape == (1, rows, n) and other.dtype == torch.bfloat16
+    assert relative_error(other.float()[0], expected) <= 3e-2
+
+
+def test_codes_linear_refuses_a_wrong_width() -> None:
+    layer = CodesLinear(*gguf_parts(Q.Q4_1, 16, 64, 0))
+    with pytest.raises(RuntimeError, match="activations have 96 features; the weight takes 64"):
+        layer(torch.randn(2, 96))
+
+
+def test_add_rms_norm_equals_torch() -> None:
+    x, residual, weight = torch.randn(5, 200), torch.randn(5, 200), torch.randn(200)
+    normed, summed = torch.ops.tandem.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.allclose(summed, x + residual)
+    expected = F.rms_norm(x + residual, (200,), weight, 1e-5)
+    assert torch.allclose(normed, expected, atol=1e-5)
+
+
+def test_silu_mul_equals_torch() -> None:
+    gate_up = torch.randn(3, 2 * 40) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(torch.ops.tandem.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5)
+
+
+def test_rope_and_store_equals_torch() -> None:
+    t, heads, kv, hd = 3, 4, 2, 64
+    qkv = torch.randn(t, heads + 2 * kv, hd)
+    angles = torch.rand(t, hd // 2) * 10
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    pool = torch.zeros(10, 2, kv, hd)
+    slots = torch.tensor([7, 2, 5])
+    expected = qkv.clone()
+    expected[:, : heads + kv] = apply_rope(expected[:, : heads + kv], cos, sin)
+    torch.ops.tandem.rope_and_store(qkv, cos, sin, pool, slots, heads, kv)
+    assert torch.allclose(qkv, expected, atol=1e-5)
+    assert torch.equal(pool[slots], qkv[:, heads:].reshape(t, 2, kv, hd))
+    assert pool[[0, 1, 3, 4, 6, 8, 9]].abs().sum() == 0
+
+
+def test_rope_and_store_refuses_a_slot_outside_the_pool() -> None:
+    qkv, trig = torch.randn(1, 4, 64), torch.randn(1, 64)
+    pool = torch.zeros(4, 2, 1, 64)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        torch.ops.tandem.rope_and_store(qkv, trig, trig, pool, torch.tensor([4]), 2, 1)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_paged_decode_equals_gathered_attention(hd: int, block_size: int) -> None:
+    """Sequences of different lengths, over scattered blocks, with partial last blocks."""
+    heads, kv = 6, 2
+    lengths = [2, block_size, block_size + 1, 70]  # a decode has one key before its own
+    gen = torch.Generator().manual_seed(hd + block_size)
+    order = torch.randperm(60, generator=gen).tolist()  # blocks handed out out of order
+    tables, used = [], 0
+    for n in lengths:
+        need = -(-n // block_size)
+        tables.append(order[used : used + need])
+        used += need
+    pool = torch.randn(60 * block_size, 2, kv, hd, generator=gen)
+    q = torch.randn(len(lengths), heads, hd, generator=gen)
+    starts = [n - 1 for n in lengths]
+    kernel = cpu_kernels.PagedDecode(block_size)
+    gather = build_metadata(starts, [1] * len(lengths), tables, block_size, torch.device("cpu"))
+    native = build_metadata(
+        starts, [1] * len(lengths), tables, block_size, torch.device("cpu"), kernel
+    )
+    assert gather.decodes is not None and native.decodes is not None
+    expected = gather.decodes.attend(q, pool)
+    assert torch.allclose(native.decodes.attend(q, pool), expected, atol=1e-5)
+
+
+def test_paged_decode_refuses_a_block_outside_the_pool() -> None:
+    pool, q = torch.randn(32, 2, 1, 64), torch.randn(1, 2, 64)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        torch.ops.tandem.paged_decode(q, pool, torch.tensor([[0, 2]]), torch.tensor([20]), 16)
+    with pytest.raises(RuntimeError, match="does not fit its block table"):
+        torch.ops.tandem.paged_decode(q, pool, torch.tensor([[0]]), torch.tensor([17]), 16)
