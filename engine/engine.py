@@ -15,6 +15,7 @@ from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel, load_model
+from engine.native_decode import NativeDecoder
 from engine.sampling import SampledBatch, Sampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,6 +90,7 @@ class Engine:
                 self.graphs = DecodeGraphs(self.model, self.kv, num_kv_blocks, max_num_seqs)
         elif cpu_kernels.usable(self.kv.pool) and self.config.head_dim in cpu_kernels.HEAD_DIMS:
             self.decode_kernel = cpu_kernels.PagedDecode(block_size)
+        self.native = NativeDecoder(self.model) if NativeDecoder.fits(self.model) else None
 
     @classmethod
     def from_path(
@@ -148,7 +150,8 @@ class Engine:
             self.device,
             self.decode_kernel,
         )
-        return self.model(
+        run = self.native if self.native is not None and NativeDecoder.serves(meta) else self.model
+        return run(
             torch.tensor(tokens, device=self.device),
             torch.tensor(positions, device=self.device),
             meta,

@@ -109,14 +109,20 @@ class Transformer(nn.Module):
         self, tokens: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVCache
     ) -> torch.Tensor:
         """tokens, positions: (T,). Returns the final-normed hidden states (T, dim)."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hd / 2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
         x = self.tok_embeddings(tokens)  # (T, dim)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = self.rope_tables(positions, x.dtype)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, cos, sin, kv.layer(i), meta)
         return self.norm(x, residual)[0]
+
+    def rope_tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, hd) of each token's rotary angles."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hd / 2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, dim) → (N, vocab) in fp32, for the rows that are sampled."""

@@ -18,7 +18,7 @@ def add_rms_norm(
         from engine.kernels.fused import add_rms_norm as fused
 
         return fused(x, residual, weight, eps)
-    if residual is not None and cpu_kernels.usable(x):
+    if cpu_kernels.usable(x):
         normed, summed = torch.ops.tandem.add_rms_norm(x, residual, weight, eps)
         return normed, summed
     summed = x if residual is None else x + residual

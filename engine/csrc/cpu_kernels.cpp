@@ -21,6 +21,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -214,31 +215,36 @@ void check_rows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), what, " must be contiguous fp32");
 }
 
-// (rms_norm(x + residual) * weight, x + residual) in one pass over each row.
+// (rms_norm(x + residual) * weight, x + residual) in one pass over each row; with no residual
+// (an undefined tensor), of x alone, and x itself is the residual stream.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps) {
   check_rows(x, "x");
-  check_rows(residual, "residual");
   check_rows(weight, "weight");
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
   TORCH_CHECK(weight.numel() == dim, "weight must have one value per feature");
-  TORCH_CHECK(residual.sizes() == x.sizes(), "residual must match x");
-  at::Tensor summed = at::empty_like(x);
+  at::Tensor summed = x;
+  if (residual.defined()) {
+    check_rows(residual, "residual");
+    TORCH_CHECK(residual.sizes() == x.sizes(), "residual must match x");
+    summed = at::empty_like(x);
+  }
   at::Tensor normed = at::empty_like(x);
   const float* xs = x.data_ptr<float>();
-  const float* res = residual.data_ptr<float>();
+  const float* res = residual.defined() ? residual.data_ptr<float>() : nullptr;
   const float* w = weight.data_ptr<float>();
   float* sum_out = summed.data_ptr<float>();
   float* norm_out = normed.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xs + r * dim;
-    const float* rr = res + r * dim;
     float* s = sum_out + r * dim;
     __m512 squares = _mm512_setzero_ps();
     for (int64_t i = 0; i < dim; i += 16) {
       const __mmask16 live = dim - i >= 16 ? 0xFFFF : (1u << (dim - i)) - 1;
-      const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(live, xr + i), _mm512_maskz_loadu_ps(live, rr + i));
-      _mm512_mask_storeu_ps(s + i, live, v);
+      __m512 v = _mm512_maskz_loadu_ps(live, xs + r * dim + i);
+      if (res != nullptr) {
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, res + r * dim + i));
+        _mm512_mask_storeu_ps(s + i, live, v);
+      }
       squares = _mm512_fmadd_ps(v, v, squares);
     }
     const float mean = _mm512_reduce_add_ps(squares) / static_cast<float>(dim);
@@ -251,6 +257,16 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     }
   }
   return {normed, summed};
+}
+
+// The op: with no residual, the stream returned is a copy of x (an op's outputs never alias its
+// inputs).
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_op(const at::Tensor& x,
+                                                   const c10::optional<at::Tensor>& residual,
+                                                   const at::Tensor& weight, double eps) {
+  if (residual.has_value()) return add_rms_norm(x, *residual, weight, eps);
+  auto [normed, summed] = add_rms_norm(x, at::Tensor(), weight, eps);
+  return {normed, summed.clone()};
 }
 
 // qkv: (T, n_heads + 2 n_kv, hd). RoPE (rotate-half) on the Q and K heads in place; then each
@@ -383,19 +399,21 @@ void attend_sequence(const float* qb, float* ob, const float* kv, const int64_t*
   }
 }
 
-// q: (B, n_heads, hd), one query per sequence; pool: (slots, 2, n_kv, hd); tables: (B, max_blocks)
-// block ids; context_lens: (B,). One task per sequence. Head dims 64 and 128.
-at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
-                        const at::Tensor& context_lens, int64_t block_size) {
-  check_rows(q, "q");
+// Query row b (n_heads x hd floats) at q + b * q_stride; pool: (slots, 2, n_kv, hd); tables:
+// (B, max_blocks) block ids; context_lens: (B,). Returns (B, n_heads, hd). One task per sequence.
+at::Tensor decode_attention(const float* q, int64_t q_stride, int64_t batch, int64_t n_heads,
+                            const at::Tensor& pool, const at::Tensor& tables,
+                            const at::Tensor& context_lens, int64_t block_size) {
   check_rows(pool, "pool");
-  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 2,
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 2 &&
+                  tables.size(0) == batch,
               "tables must be (B, max_blocks) int64");
-  TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous(),
-              "context_lens must be int64");
-  const int64_t batch = q.size(0), n_heads = q.size(1), hd = q.size(2);
-  const int64_t n_kv = pool.size(2), max_blocks = tables.size(1);
-  TORCH_CHECK(pool.size(3) == hd && n_heads % n_kv == 0, "pool and q disagree");
+  TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous() &&
+                  context_lens.numel() == batch,
+              "context_lens must be (B,) int64");
+  TORCH_CHECK(pool.dim() == 4 && pool.size(1) == 2, "pool must be (slots, 2, n_kv, hd)");
+  const int64_t n_kv = pool.size(2), hd = pool.size(3), max_blocks = tables.size(1);
+  TORCH_CHECK(n_heads % n_kv == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(hd == 64 || hd == 128, "head dim must be 64 or 128");
   const int64_t num_slots = pool.size(0);
   const int64_t* lens = context_lens.data_ptr<int64_t>();
@@ -408,28 +426,95 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& pool, const at::T
                       (table[b * max_blocks + i] + 1) * block_size <= num_slots,
                   "block ", table[b * max_blocks + i], " is outside the pool");
   }
-  at::Tensor out = at::empty_like(q);
+  at::Tensor out = at::empty({batch, n_heads, hd}, pool.options());
   const float* kv = pool.data_ptr<float>();
-  const float* qs = q.data_ptr<float>();
   float* os = out.data_ptr<float>();
   at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> scores(n_heads * ((block_size + 15) / 16 * 16)), top(n_heads), total(n_heads);
     for (int64_t b = b0; b < b1; ++b) {
       auto attend = hd == 64 ? attend_sequence<4> : attend_sequence<8>;
-      attend(qs + b * n_heads * hd, os + b * n_heads * hd, kv, table + b * max_blocks, lens[b],
+      attend(q + b * q_stride, os + b * n_heads * hd, kv, table + b * max_blocks, lens[b],
              block_size, n_heads, n_kv, scores.data(), top.data(), total.data());
     }
   });
   return out;
 }
 
+// q: (B, n_heads, hd), one query per sequence.
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
+                        const at::Tensor& context_lens, int64_t block_size) {
+  check_rows(q, "q");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == pool.size(3), "q must be (B, n_heads, hd) like the pool");
+  return decode_attention(q.data_ptr<float>(), q.size(1) * q.size(2), q.size(0), q.size(1), pool,
+                          tables, context_lens, block_size);
+}
+
+// ---- the layer stack of a decode step ---------------------------------------------------------
+
+// Every layer of a decode-only step in one call, as engine/model.py's TransformerBlock computes
+// it, for a model whose projections are all GGUF codes: the ~20 Python-level calls a layer
+// otherwise makes cost ~2 ms of a ~7 ms one-row step on the 2-core machine.
+struct DecodeStack : torch::CustomClassHolder {
+  // Per layer: attention norm, FFN norm; and four projections: QKV, output, gate/up, down.
+  std::vector<at::Tensor> norms, codes, scales, minimums;
+  std::vector<int64_t> bits;
+  int64_t n_heads, n_kv;
+  double eps;
+
+  DecodeStack(std::vector<at::Tensor> norms, std::vector<at::Tensor> codes,
+              std::vector<at::Tensor> scales, std::vector<at::Tensor> minimums,
+              std::vector<int64_t> bits, int64_t n_heads, int64_t n_kv, double eps)
+      : norms(std::move(norms)), codes(std::move(codes)), scales(std::move(scales)),
+        minimums(std::move(minimums)), bits(std::move(bits)), n_heads(n_heads), n_kv(n_kv),
+        eps(eps) {
+    const size_t layers = this->norms.size() / 2;
+    TORCH_CHECK(this->norms.size() == 2 * layers && this->codes.size() == 4 * layers &&
+                    this->scales.size() == 4 * layers && this->minimums.size() == 4 * layers &&
+                    this->bits.size() == 4 * layers,
+                "a decode stack needs 2 norms and 4 projections per layer");
+  }
+
+  at::Tensor project(const at::Tensor& x, size_t i) const {
+    return block_matmul(x, codes[i], scales[i], minimums[i], bits[i]);
+  }
+
+  // x: (B, dim) this step's embeddings; cos, sin: (B, hd); pool: (layers, slots, 2, n_kv, hd);
+  // slots: (B,) where each new token's K/V go. Returns the last layer's output and the residual
+  // stream before it (the final norm adds them).
+  std::tuple<at::Tensor, at::Tensor> forward(at::Tensor x, at::Tensor cos, at::Tensor sin,
+                                             at::Tensor pool, at::Tensor slots, at::Tensor tables,
+                                             at::Tensor context_lens, int64_t block_size) {
+    const int64_t batch = x.size(0), hd = pool.size(-1);
+    TORCH_CHECK(pool.dim() == 5 && pool.size(0) == static_cast<int64_t>(norms.size() / 2),
+                "pool must be (layers, slots, 2, n_kv, hd)");
+    at::Tensor residual;  // none before the first layer
+    for (size_t i = 0; i < norms.size() / 2; ++i) {
+      const at::Tensor layer_pool = pool.select(0, static_cast<int64_t>(i));
+      auto [h, stream] = add_rms_norm(x, residual, norms[2 * i], eps);
+      const at::Tensor qkv = project(h, 4 * i).view({batch, n_heads + 2 * n_kv, hd});
+      rope_and_store(qkv, cos, sin, layer_pool, slots, n_heads, n_kv);
+      const at::Tensor attended =
+          decode_attention(qkv.data_ptr<float>(), (n_heads + 2 * n_kv) * hd, batch, n_heads,
+                           layer_pool, tables, context_lens, block_size);
+      x = project(attended.view({batch, n_heads * hd}), 4 * i + 1);
+      std::tie(h, residual) = add_rms_norm(x, stream, norms[2 * i + 1], eps);
+      x = project(silu_mul(project(h, 4 * i + 2)), 4 * i + 3);
+    }
+    return {x, residual};
+  }
+};
+
 }  // namespace
 
 TORCH_LIBRARY(tandem, m) {
+  m.class_<DecodeStack>("DecodeStack")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                       std::vector<at::Tensor>, std::vector<int64_t>, int64_t, int64_t, double>())
+      .def("forward", &DecodeStack::forward);
   m.def("block_matmul(Tensor x, Tensor codes, Tensor scale, Tensor minimum, int bits) -> Tensor",
         block_matmul);
-  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
-        add_rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+        add_rms_norm_op);
   m.def("rope_and_store(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) pool, Tensor slots, "
         "int n_heads, int n_kv) -> ()",
         rope_and_store);
