@@ -242,7 +242,9 @@ def test_priority_and_backpressure(tmp_path: Path) -> None:
             await asyncio.sleep(0.5)  # it occupies the only sequence slot
             lows = [asyncio.create_task(run(f"low{i}", 0, 8)) for i in range(3)]
             await asyncio.sleep(0.5)
-            high = asyncio.create_task(run("high", 10, 48))  # still running at the overflow
+            # Still running at the overflow: it takes the slot from "running" at once, and must
+            # hold it past the next 0.5 s however fast the CPU decodes (~3 s at 8 ms a token).
+            high = asyncio.create_task(run("high", 10, 400))
             await asyncio.sleep(0.5)
             # Three low and one high priority request wait: the queue is full.
             overflow = asyncio.create_task(run("overflow", 0, 4))
