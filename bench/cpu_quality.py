@@ -2,8 +2,8 @@
 
     python -m bench.cpu_quality [--model NAME_OR_PATH] [--json PATH]
 
-The same prompts go through each format twice: as one prefill (many rows: the CPU default's bf16
-copy of the 4-bit weights) and one token at a time (single-row decode steps: the int4 kernel).
+The same prompts go through each format twice: as one prefill (many rows) and one token at a time
+(single-row decode steps), since a format may take a different kernel for each.
 Each row's logits are compared with the fp32 reference's at the same position: max relative
 error, top-1 agreement and KL divergence. Prints a table and writes JSON.
 """
