@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import platform
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -44,6 +46,17 @@ def supported() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and all(f in flags for f in REQUIRED_FLAGS)
 
 
+def _put_ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the `ninja` wheel installs it into the virtual
+    environment, which is not on PATH when tandem runs as `.venv/bin/tandem` unactivated."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
 @functools.cache
 def load() -> bool:
     """Build (the first time on this machine: about a minute) and load the kernels; False, with
@@ -55,6 +68,7 @@ def load() -> bool:
         return False
     from torch.utils import cpp_extension
 
+    _put_ninja_on_path()
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join(sorted(cpu_flags())).encode())
     name = f"tandem_cpu_{digest.hexdigest()[:12]}"
