@@ -72,6 +72,7 @@ def load() -> bool:
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join(sorted(cpu_flags())).encode())
     name = f"tandem_cpu_{digest.hexdigest()[:12]}"
+    log.info("loading native CPU kernels %s (compiled on first use: about 10-60 s)", name)
     started = time.monotonic()
     try:
         cpp_extension.load(
