@@ -43,13 +43,19 @@ class _Source:
     def __init__(self, reader: Reader, dtype: torch.dtype, bar: tqdm, keep_q4: bool) -> None:
         self.reader, self.dtype, self.bar, self.keep_q4 = reader, dtype, bar, keep_q4
         self.kept_q4 = 0
+        self.counted: set[str] = set()  # a tied embedding is read twice, but counted once
 
     def has(self, name: str) -> bool:
         return self.reader.has(name)
 
+    def _progress(self, name: str, numel: int) -> None:
+        if name not in self.counted:
+            self.counted.add(name)
+            self.bar.update(numel * 4)
+
     def get(self, name: str) -> torch.Tensor:
         tensor = self.reader.get(name)
-        self.bar.update(tensor.numel() * 4)
+        self._progress(name, tensor.numel())
         return tensor.to(self.dtype)
 
     def get_int4(self, name: str) -> list[Q4Blocks] | None:
@@ -58,7 +64,7 @@ class _Source:
         parts = self.reader.get_int4(name)
         if parts is not None:
             self.kept_q4 += 1
-            self.bar.update(parts[0].codes.numel() * 4)
+            self._progress(name, parts[0].codes.numel())
         return parts
 
 
