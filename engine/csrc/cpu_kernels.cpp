@@ -15,6 +15,8 @@
 //
 // Registered as torch ops (torch.ops.tandem.*); threads come from ATen's pool, so
 // torch.set_num_threads governs them as it does every other op. fp32 activations only.
+// Error messages are whole strings (std::to_string, no integers streamed by TORCH_CHECK): on the
+// GPU machine (torch 2.11, g++ 13) streaming an integer into a message crashed the process.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -34,6 +36,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -150,8 +153,9 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& codes, const at::
   TORCH_CHECK(scale.dim() == 3 && scale.size(2) == kRows && scale.scalar_type() == at::kHalf &&
                   scale.is_contiguous(),
               "scales must be fp16 (N / 16, K / 32, 16)");
-  TORCH_CHECK(scale.size(1) == nb, "activations have ", k, " features; the weight takes ",
-              scale.size(1) * kBlock);
+  TORCH_CHECK(scale.size(1) == nb, "activations have " + std::to_string(k) +
+                                       " features; the weight takes " +
+                                       std::to_string(scale.size(1) * kBlock));
   TORCH_CHECK(minimum.sizes() == scale.sizes() && minimum.scalar_type() == at::kHalf &&
                   minimum.is_contiguous(),
               "minimums must be like the scales");
@@ -288,7 +292,8 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   float* pool_ptr = pool.data_ptr<float>();
   const int64_t num_slots = pool.size(0), token_kv = 2 * n_kv * hd;
   for (int64_t i = 0; i < t; ++i) {
-    TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "slot ", slot[i], " is outside the pool");
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots,
+                "slot " + std::to_string(slot[i]) + " is outside the pool");
     const float* c = cos.data_ptr<float>() + i * hd;
     const float* s = sin.data_ptr<float>() + i * hd;
     for (int64_t h = 0; h < n_heads + n_kv; ++h) {
@@ -419,12 +424,12 @@ at::Tensor decode_attention(const float* q, int64_t q_stride, int64_t batch, int
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t* table = tables.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size, "context length ", lens[b],
-                " does not fit its block table");
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size,
+                "context length " + std::to_string(lens[b]) + " does not fit its block table");
     for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; ++i)
       TORCH_CHECK(table[b * max_blocks + i] >= 0 &&
                       (table[b * max_blocks + i] + 1) * block_size <= num_slots,
-                  "block ", table[b * max_blocks + i], " is outside the pool");
+                  "block " + std::to_string(table[b * max_blocks + i]) + " is outside the pool");
   }
   at::Tensor out = at::empty({batch, n_heads, hd}, pool.options());
   const float* kv = pool.data_ptr<float>();
