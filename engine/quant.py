@@ -1,4 +1,5 @@
-"""GGUF's quantized weights kept quantized: served through torch's int4 matmul on CPU.
+"""GGUF's quantized weights kept quantized, parsed; and served through torch's int4 matmul on CPUs
+where tandem's native kernels (engine/codes_linear.py) cannot be built.
 
 A Q4_1 block of 32 weights stores a scale d, a minimum m and 32 four-bit codes q: w = d*q + m.
 torch's CPU int4 kernel computes w = (q - 8) * scale + zero per group of 32 along the input

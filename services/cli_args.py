@@ -94,10 +94,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         default="auto",
         choices=["auto", "none", "int8"],
-        help="auto: the fastest measured choice; on CPU, GGUF 4/8-bit weights stay 4-bit for "
-        "small batches (int4 kernel) beside a bf16 copy packed in oneDNN's layout for large ones, "
-        "and float weights are packed; none: plain dequantized weights in --dtype; int8: "
-        "weight-only int8 with per-channel scales",
+        help="auto: the fastest measured choice; on CPU, GGUF Q4_0/Q4_1/Q8_0 weights are served "
+        "as they are by tandem's native kernels (int8 activations, AVX-512 VNNI; where those "
+        "cannot be built, torch's int4 kernel and a oneDNN-packed bf16 copy), and float weights "
+        "are packed; none: plain dequantized weights in --dtype; int8: weight-only int8 with "
+        "per-channel scales",
     )
 
 
