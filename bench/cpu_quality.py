@@ -74,7 +74,7 @@ def main() -> None:
         quantize: Engine.from_path(
             path, "cpu", "float32", 64 << 20, progress=False, quantize=quantize
         )
-        for quantize in ("none", "auto", "int8")
+        for quantize in ("none", "auto", "int4", "int8")
     }
     engines["bfloat16"] = Engine.from_path(
         path, "cpu", "bfloat16", 64 << 20, progress=False, quantize="none"

@@ -22,7 +22,7 @@ from engine.quant import Q4Blocks, int4_supported, quantize_int8
 from engine.random_weights import SEED_KEY, RandomWeights, is_random
 from engine.weights import build_model
 
-QUANTIZE_MODES = ("auto", "none", "int8")
+QUANTIZE_MODES = ("auto", "int4", "none", "int8")
 Reader = GGUFWeights | SafetensorsWeights | RandomWeights
 
 
@@ -40,8 +40,11 @@ class LoadedModel:
 class _Source:
     """A reader seen through the load: dtype conversion, the progress bar, and 4-bit policy."""
 
-    def __init__(self, reader: Reader, dtype: torch.dtype, bar: tqdm, keep_q4: bool) -> None:
+    def __init__(
+        self, reader: Reader, dtype: torch.dtype, bar: tqdm, keep_q4: bool, native: bool
+    ) -> None:
         self.reader, self.dtype, self.bar, self.keep_q4 = reader, dtype, bar, keep_q4
+        self.native_codes = native  # kept codes served by the native kernel, else torch's int4
         self.kept_q4 = 0
         self.counted: set[str] = set()  # a tied embedding is read twice, but counted once
 
@@ -76,11 +79,12 @@ def load_model(
     quantize: str = "auto",
 ) -> LoadedModel:
     """quantize: "auto" is the fastest measured choice for the device: on CPU a GGUF's
-    Q4_0/Q4_1/Q8_0 projections stay quantized (the native kernel where it is built; otherwise
-    torch's int4 kernel for steps of few rows beside a bf16 copy in oneDNN's packed layout for
-    larger ones), and float projections are packed in `dtype`;
-    elsewhere as "none". "none" dequantizes everything to `dtype` as plain `nn.Linear`s; "int8"
-    serves every projection as weight-only int8 with per-channel scales."""
+    Q4_0/Q4_1/Q8_0 projections stay quantized, served by the native kernel where it is built
+    (else as "int4"), and float projections are packed in `dtype`; elsewhere as "none". "int4"
+    (CPU) serves the kept codes through torch's int4 kernel (bf16 activations: closer to fp32,
+    slower) for steps of few rows, beside a bf16 copy in oneDNN's packed layout for larger ones.
+    "none" dequantizes everything to `dtype` as plain `nn.Linear`s; "int8" serves every
+    projection as weight-only int8 with per-channel scales."""
     if quantize not in QUANTIZE_MODES:
         raise InvalidRequest("quantize", f"unknown mode {quantize!r}; choose {QUANTIZE_MODES}")
     if path.is_dir():
@@ -104,20 +108,21 @@ def load_model(
         rope_factors = reader.rope_freq_factors()
     else:
         raise ModelNotFound(f"no such model file or folder: {path}")
-    keep_q4 = quantize == "auto" and int4_supported(device)
+    keep_q4 = quantize in ("auto", "int4") and int4_supported(device)
+    native = keep_q4 and quantize == "auto" and cpu_kernels.load()
     # Progress counts float32-equivalent bytes, so 4-bit and float weights weigh alike.
     total = sum(_numel(reader, n) for n in _names(reader)) * 4
     with _bar(total, path.name, progress) as bar:
-        source = _Source(reader, dtype, bar, keep_q4)
+        source = _Source(reader, dtype, bar, keep_q4, native)
         model = build_model(config, source, device, rope_factors)
-    kept = "native-codes" if cpu_kernels.load() else "int4"
-    if source.kept_q4 and kept == "native-codes":
+    kept = "native-codes" if native else "int4"
+    if source.kept_q4 and native:
         gather_codes(model)
     linear = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
     if quantize == "int8":
         quantize_int8(model)
         linear = "int8"
-    elif quantize == "auto" and device.type == "cpu":
+    elif quantize in ("auto", "int4") and device.type == "cpu":
         # Projections that stayed float (all of them, for float files): packed once.
         packed_dtype = torch.bfloat16 if file_format.startswith("gguf:Q") else dtype
         if packing_supported(packed_dtype) and pack_linears(model, packed_dtype):

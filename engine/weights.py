@@ -13,7 +13,6 @@ from typing import Protocol
 
 import torch
 
-from engine import cpu_kernels
 from engine.codes_linear import CodesLinear
 from engine.config import ModelConfig
 from engine.errors import ModelFormatError
@@ -42,6 +41,11 @@ class WeightSource(Protocol):
         """int4 matrices that sum to it, when it is stored quantized and may stay so; else None."""
         ...
 
+    @property
+    def native_codes(self) -> bool:
+        """Kept codes are served by the native CPU kernel (else by torch's int4 kernel)."""
+        ...
+
 
 def build_model(
     config: ModelConfig,
@@ -56,7 +60,7 @@ def build_model(
     for i in range(config.n_layers):
         for path, parts in PROJECTIONS.items():
             names = [f"model.layers.{i}.{part}.weight" for part in parts]
-            int4 = _fused_int4([source.get_int4(name) for name in names])
+            int4 = _fused_int4([source.get_int4(name) for name in names], source.native_codes)
             if int4 is not None:
                 swapped[f"layers.{i}.{path}"] = int4
             else:
@@ -69,7 +73,7 @@ def build_model(
         if source.has("lm_head.weight") and not config.tie_embeddings
         else ("model.embed_tokens.weight")
     )
-    output = _fused_int4([source.get_int4(head)])
+    output = _fused_int4([source.get_int4(head)], source.native_codes)
     if output is not None:
         swapped["output"] = output  # tied or not, the embedding lookup keeps its float table
     elif head == "lm_head.weight":
@@ -105,7 +109,9 @@ def build_model(
     return model.requires_grad_(False).eval()
 
 
-def _fused_int4(tensors: list[list[Q4Blocks] | None]) -> CodesLinear | Int4Linear | None:
+def _fused_int4(
+    tensors: list[list[Q4Blocks] | None], native: bool
+) -> CodesLinear | Int4Linear | None:
     """One quantized layer stacking the rows of several tensors, if all are quantized alike;
     else None."""
     if any(t is None for t in tensors):
@@ -116,7 +122,7 @@ def _fused_int4(tensors: list[list[Q4Blocks] | None]) -> CodesLinear | Int4Linea
     rows = sum(t[0].shape[0] for t in parts)
     if not Int4Linear.fits(rows, parts[0][0].shape[1]):
         return None
-    layer = CodesLinear if cpu_kernels.load() else Int4Linear
+    layer = CodesLinear if native else Int4Linear
     return layer(*(Q4Blocks.cat([t[j] for t in parts]) for j in range(len(parts[0]))))
 
 

@@ -130,11 +130,12 @@ async def serve(config: WorkerConfig, telemetry: TelemetryConfig) -> int:
         [service],
     )
     log.info(
-        "worker serving %s on port %d (%d KV blocks of %d)",
+        "worker serving %s on port %d (%d KV blocks of %d; projections as %s)",
         config.model_name,
         server.port,
         engine.num_kv_blocks,
         engine.block_size,
+        engine.loaded.linear_format,
     )
     await stop.wait()
     log.info("stopping")

@@ -174,16 +174,18 @@ def test_every_supported_type_loads_like_transformers(tmp_path: Path, qtype: Q) 
     )
 
 
+@pytest.mark.parametrize("quantize", ["auto", "int4"])
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
-def test_quantized_weights_stay_quantized_on_cpu(tmp_path: Path, qtype: Q) -> None:
+def test_quantized_weights_stay_quantized_on_cpu(tmp_path: Path, qtype: Q, quantize: str) -> None:
     """The kept codes serve the very same weights, with matmul inputs rounded (int8 blocks in the
     native kernel, bf16 in torch's int4 one): error at that level."""
     from engine import cpu_kernels
 
     path = tmp_path / f"kept-{qtype.name}.gguf"
     reference = reference_model(write_gguf(path, qtype))
-    ours, expected, linear = logits_of(path, reference, "auto")
-    assert linear.startswith("native-codes" if cpu_kernels.load() else "int4")
+    ours, expected, linear = logits_of(path, reference, quantize)
+    native = quantize == "auto" and cpu_kernels.load()
+    assert linear.startswith("native-codes" if native else "int4")
     assert float((ours - expected).abs().max() / expected.abs().max()) <= 3e-2
     assert float((ours.argmax(-1) == expected.argmax(-1)).float().mean()) >= 0.9
 
