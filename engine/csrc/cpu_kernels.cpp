@@ -333,6 +333,26 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 // ---- decode attention over the paged pool ----------------------------------------------------
 
+// Lane i of the result is the sum of v[i]'s 16 lanes: pairs, then quads within 128-bit lanes,
+// then a transpose of 128-bit lanes; 45 instructions where 16 separate reductions take ~130.
+inline __m512 sum16(const __m512 v[16]) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: that lane's sums of 4 consecutive vectors
+    quads[i] = _mm512_add_ps(
+        _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+        _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // quads[m] covers vectors 4m..4m+3, one partial sum per 128-bit lane: add the lanes up.
+  const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // One sequence's decode attention, head dim 16 V: every query head against the sequence's keys,
 // a KV block at a time (flash-decoding: a running max and sum per head, so each block is read
 // once). A block's slots are adjacent in the pool: keys, then values, read as one stream.
@@ -356,15 +376,23 @@ void attend_sequence(const float* qb, float* ob, const float* kv, const int64_t*
       for (int64_t off = 0; off < block_size * slot_floats; off += 16)
         _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
     }
-    for (int64_t i = 0; i < n; ++i) {
-      const float* keys = block + i * slot_floats;  // (n_kv, hd)
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const float* k = keys + h / group * hd;
-        const float* qh = qb + h * hd;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(k));
-        for (int j = 1; j < V; ++j)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * j), _mm512_loadu_ps(k + 16 * j), acc);
-        scores[h * stride + i] = _mm512_reduce_add_ps(acc) * scale;
+    // Scores 16 keys at a time: one vector of products per key, then one tree reduces the 16.
+    for (int64_t h = 0; h < n_heads; ++h) {
+      __m512 q[V];
+      for (int j = 0; j < V; ++j) q[j] = _mm512_loadu_ps(qb + h * hd + 16 * j);
+      const float* keys = block + h / group * hd;
+      for (int64_t c = 0; c < n; c += 16) {
+        __m512 acc[16];
+        for (int64_t i = 0; i < 16; ++i) {
+          if (c + i >= n) {
+            acc[i] = _mm512_setzero_ps();
+            continue;
+          }
+          const float* k = keys + (c + i) * slot_floats;
+          acc[i] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+          for (int j = 1; j < V; ++j) acc[i] = _mm512_fmadd_ps(q[j], _mm512_loadu_ps(k + 16 * j), acc[i]);
+        }
+        _mm512_storeu_ps(scores + h * stride + c, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
       }
     }
     for (int64_t h = 0; h < n_heads; ++h) {
