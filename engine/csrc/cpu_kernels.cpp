@@ -354,33 +354,38 @@ inline __m512 sum16(const __m512 v[16]) {
 }
 
 // One sequence's decode attention, head dim 16 V: every query head against the sequence's keys,
-// a KV block at a time (flash-decoding: a running max and sum per head, so each block is read
-// once). A block's slots are adjacent in the pool: keys, then values, read as one stream.
+// kSpan keys at a time (flash-decoding: a running max and sum per head, so the keys are read
+// once). The span's slots are looked up once; the next span's are prefetched while this one is
+// computed.
+constexpr int64_t kSpan = 64;
+
 template <int V>
 void attend_sequence(const float* qb, float* ob, const float* kv, const int64_t* table,
                      int64_t ctx, int64_t block_size, int64_t n_heads, int64_t n_kv,
                      float* scores, float* top, float* total) {
   constexpr int64_t hd = 16 * V;
   const int64_t group = n_heads / n_kv, slot_floats = 2 * n_kv * hd;
-  const int64_t stride = (block_size + 15) / 16 * 16;
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  auto slot = [&](int64_t pos) {  // (2, n_kv, hd): the keys, then the values, of one position
+    return kv + (table[pos / block_size] * block_size + pos % block_size) * slot_floats;
+  };
   std::fill_n(ob, n_heads * hd, 0.f);
   std::fill_n(top, n_heads, -INFINITY);
   std::fill_n(total, n_heads, 0.f);
-  for (int64_t first = 0, index = 0; first < ctx; first += block_size, ++index) {
-    const float* block = kv + table[index] * block_size * slot_floats;
-    const int64_t n = std::min(block_size, ctx - first);
-    if (first + block_size < ctx) {
-      // The next block is elsewhere in the pool: ask for it now, while this one is computed.
-      const float* next = kv + table[index + 1] * block_size * slot_floats;
-      for (int64_t off = 0; off < block_size * slot_floats; off += 16)
+  const float* slots[kSpan];
+  for (int64_t first = 0; first < ctx; first += kSpan) {
+    const int64_t n = std::min(kSpan, ctx - first);
+    for (int64_t i = 0; i < n; ++i) slots[i] = slot(first + i);
+    for (int64_t i = first + kSpan; i < std::min(ctx, first + 2 * kSpan); ++i) {
+      const float* next = slot(i);
+      for (int64_t off = 0; off < slot_floats; off += 16)
         _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
     }
     // Scores 16 keys at a time: one vector of products per key, then one tree reduces the 16.
     for (int64_t h = 0; h < n_heads; ++h) {
       __m512 q[V];
       for (int j = 0; j < V; ++j) q[j] = _mm512_loadu_ps(qb + h * hd + 16 * j);
-      const float* keys = block + h / group * hd;
+      const int64_t key = h / group * hd;
       for (int64_t c = 0; c < n; c += 16) {
         __m512 acc[16];
         for (int64_t i = 0; i < 16; ++i) {
@@ -388,41 +393,57 @@ void attend_sequence(const float* qb, float* ob, const float* kv, const int64_t*
             acc[i] = _mm512_setzero_ps();
             continue;
           }
-          const float* k = keys + (c + i) * slot_floats;
+          const float* k = slots[c + i] + key;
           acc[i] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
           for (int j = 1; j < V; ++j) acc[i] = _mm512_fmadd_ps(q[j], _mm512_loadu_ps(k + 16 * j), acc[i]);
         }
-        _mm512_storeu_ps(scores + h * stride + c, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+        _mm512_storeu_ps(scores + h * kSpan + c, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
       }
     }
     for (int64_t h = 0; h < n_heads; ++h) {
-      float* sc = scores + h * stride;
-      float block_top = -INFINITY;
+      float* sc = scores + h * kSpan;
+      __m512 span_top = _mm512_set1_ps(-INFINITY);
       for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-        block_top = std::max(block_top, _mm512_mask_reduce_max_ps(live, _mm512_loadu_ps(sc + i)));
+        span_top = _mm512_mask_max_ps(span_top, live, span_top, _mm512_loadu_ps(sc + i));
       }
-      const float new_top = std::max(top[h], block_top);
+      const float new_top = std::max(top[h], _mm512_reduce_max_ps(span_top));
       const float rescale = std::exp(top[h] - new_top);
       top[h] = new_top;
-      float block_total = 0.f;
+      __m512 span_total = _mm512_setzero_ps();
       for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-        const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + i), _mm512_set1_ps(new_top)));
-        _mm512_storeu_ps(sc + i, p);  // the buffer is padded to whole vectors
-        block_total += _mm512_mask_reduce_add_ps(live, p);
+        const __m512 p = _mm512_maskz_mov_ps(
+            live, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + i), _mm512_set1_ps(new_top))));
+        _mm512_storeu_ps(sc + i, p);
+        span_total = _mm512_add_ps(span_total, p);
       }
-      total[h] = total[h] * rescale + block_total;
-      __m512 o[V];
+      total[h] = total[h] * rescale + _mm512_reduce_add_ps(span_total);
+      // Two sets of accumulators, so consecutive keys' FMAs do not wait on each other.
+      __m512 even[V], odd[V];
       const __m512 r = _mm512_set1_ps(rescale);
-      for (int j = 0; j < V; ++j) o[j] = _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), r);
-      const float* values = block + (n_kv + h / group) * hd;
-      for (int64_t i = 0; i < n; ++i) {
+      for (int j = 0; j < V; ++j) {
+        even[j] = _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), r);
+        odd[j] = _mm512_setzero_ps();
+      }
+      const int64_t value = (n_kv + h / group) * hd;
+      int64_t i = 0;
+      for (; i + 2 <= n; i += 2) {
+        const __m512 p0 = _mm512_set1_ps(sc[i]), p1 = _mm512_set1_ps(sc[i + 1]);
+        const float* v0 = slots[i] + value;
+        const float* v1 = slots[i + 1] + value;
+        for (int j = 0; j < V; ++j) {
+          even[j] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * j), even[j]);
+          odd[j] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * j), odd[j]);
+        }
+      }
+      if (i < n) {
         const __m512 p = _mm512_set1_ps(sc[i]);
         for (int j = 0; j < V; ++j)
-          o[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(values + i * slot_floats + 16 * j), o[j]);
+          even[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(slots[i] + value + 16 * j), even[j]);
       }
-      for (int j = 0; j < V; ++j) _mm512_storeu_ps(ob + h * hd + 16 * j, o[j]);
+      for (int j = 0; j < V; ++j)
+        _mm512_storeu_ps(ob + h * hd + 16 * j, _mm512_add_ps(even[j], odd[j]));
     }
   }
   for (int64_t h = 0; h < n_heads; ++h) {
@@ -463,7 +484,7 @@ at::Tensor decode_attention(const float* q, int64_t q_stride, int64_t batch, int
   const float* kv = pool.data_ptr<float>();
   float* os = out.data_ptr<float>();
   at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> scores(n_heads * ((block_size + 15) / 16 * 16)), top(n_heads), total(n_heads);
+    std::vector<float> scores(n_heads * kSpan), top(n_heads), total(n_heads);
     for (int64_t b = b0; b < b1; ++b) {
       auto attend = hd == 64 ? attend_sequence<4> : attend_sequence<8>;
       attend(q + b * q_stride, os + b * n_heads * hd, kv, table + b * max_blocks, lens[b],
