@@ -7,22 +7,20 @@ model's tokens up to its stop."""
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from services.scheduler import invariants
-from services.scheduler.errors import SchedulerError
-from services.scheduler.events import Event, Finished, Token
 from services.scheduler.plan import StepPlan, StepResult
 from services.scheduler.request import Request
 from services.scheduler.simulator import default_model
 
-from .utils import Rig, create_rig
+from .machine import PREFIXES, BooksMachine
+from .utils import create_rig
 
-PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
 # A vocabulary of 12, so stop tokens are sampled often.
 MODEL = default_model(vocab_size=12)
 
@@ -38,9 +36,7 @@ def expected(request: Request) -> list[int]:
     return out
 
 
-class OverlapMachine(RuleBasedStateMachine):
-    rig: Rig
-
+class OverlapMachine(BooksMachine):
     @initialize(
         chunked=st.booleans(),
         caching=st.booleans(),
@@ -51,7 +47,7 @@ class OverlapMachine(RuleBasedStateMachine):
     def setup(
         self, chunked: bool, caching: bool, isolate: bool, yield_tokens: int, num_kv_blocks: int
     ) -> None:
-        self.rig = create_rig(
+        rig = create_rig(
             model=MODEL,
             num_kv_blocks=num_kv_blocks,
             block_size=4,
@@ -69,12 +65,10 @@ class OverlapMachine(RuleBasedStateMachine):
             session_kv_fraction=0.3,
             async_scheduling=True,
         )
-        self.requests: dict[str, Request] = {}
-        self.events: list[Event] = []
+        self.start(rig)
         # Plans made and not yet run by the worker; results not yet applied.
         self.sent: deque[StepPlan] = deque()
         self.done: deque[tuple[StepPlan, StepResult]] = deque()
-        self.n = 0
 
     @rule(
         prefix=st.sampled_from(PREFIXES),
@@ -95,23 +89,7 @@ class OverlapMachine(RuleBasedStateMachine):
         deadline_in: float | None,
         session: str | None,
     ) -> None:
-        rig = self.rig
-        deadline = None if deadline_in is None else rig.clock.now + deadline_in
-        request = Request(
-            f"q{self.n}", [*prefix, *suffix], max_tokens, stops, priority, deadline, session
-        )
-        self.n += 1
-        try:
-            self.events += rig.add(request)
-        except SchedulerError:
-            return
-        self.requests[request.request_id] = request
-
-    @precondition(lambda self: self.requests)
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        self.rig.scheduler.cancel(data.draw(st.sampled_from(sorted(self.requests))))
-        self.events += self.rig.scheduler.drain_events()
+        self.submit([*prefix, *suffix], max_tokens, stops, priority, deadline_in, session)
 
     @precondition(lambda self: self.rig.scheduler.num_in_flight < 2)
     @rule()
@@ -132,15 +110,6 @@ class OverlapMachine(RuleBasedStateMachine):
     def update(self) -> None:
         plan, result = self.done.popleft()
         self.events += self.rig.scheduler.update(plan, result)
-
-    @rule(dt=st.floats(0.0, 0.05))
-    def wait(self, dt: float) -> None:
-        self.rig.clock.advance(dt)
-
-    @invariant()
-    def books_balance(self) -> None:
-        if hasattr(self, "rig"):
-            invariants.check(self.rig.scheduler)
 
     def teardown(self) -> None:
         if not hasattr(self, "rig"):
@@ -169,23 +138,10 @@ class OverlapMachine(RuleBasedStateMachine):
                 self.execute()
             self.update()
             invariants.check(sched)
-        assert not sched.has_unfinished() and not sched.num_in_flight
-        self.events += sched.drain_events()
-        pinned = {block for _, ids in sched.sessions.items() for block in ids}
-        assert sched.stats().kv_blocks_used == len(pinned)
-        ends: dict[str, list[Finished]] = defaultdict(list)
-        tokens: dict[str, list[Token]] = defaultdict(list)
-        for e in self.events:
-            if isinstance(e, Finished):
-                ends[e.request_id].append(e)
-            elif isinstance(e, Token):
-                tokens[e.request_id].append(e)
-        assert set(ends) == set(self.requests)
+        assert not sched.num_in_flight
+        ends, tokens = self.finished_books()
         for request_id, request in self.requests.items():
-            (end,) = ends[request_id]
-            got = [t.token_id for t in tokens[request_id]]
-            assert [t.index for t in tokens[request_id]] == list(range(len(got)))
-            assert end.num_output_tokens == len(got)
+            end, got = ends[request_id], [t.token_id for t in tokens[request_id]]
             want = expected(request)
             if end.reason in ("stop", "length"):
                 assert got == want

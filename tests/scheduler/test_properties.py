@@ -3,26 +3,17 @@ and every accepted request ends exactly once with exactly the model's tokens."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from services.scheduler import invariants
-from services.scheduler.errors import SchedulerError
-from services.scheduler.events import Event, Finished, Token
-from services.scheduler.request import Request
 
-from .utils import Rig, create_rig, expected_tokens
-
-# A few shared prefixes (some a block or two long) so prefix sharing happens often.
-PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
+from .machine import PREFIXES, BooksMachine
+from .utils import create_rig, expected_tokens
 
 
-class SchedulerMachine(RuleBasedStateMachine):
-    rig: Rig
-
+class SchedulerMachine(BooksMachine):
     @initialize(
         chunked=st.booleans(),
         caching=st.booleans(),
@@ -40,7 +31,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_wait_us: float,
         num_kv_blocks: int,
     ) -> None:
-        self.rig = create_rig(
+        rig = create_rig(
             num_kv_blocks=num_kv_blocks,
             block_size=4,
             max_model_len=48,
@@ -57,9 +48,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_wait_us=max_wait_us,
             session_kv_fraction=0.3,
         )
-        self.requests: dict[str, Request] = {}
-        self.events: list[Event] = []
-        self.n = 0
+        self.start(rig)
 
     @rule(
         prefix=st.sampled_from(PREFIXES),
@@ -78,24 +67,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         deadline_in: float | None,
         session: str | None,
     ) -> None:
-        rig = self.rig
-        deadline = None if deadline_in is None else rig.clock.now + deadline_in
-        request = Request(
-            f"q{self.n}", [*prefix, *suffix], max_tokens, frozenset(), priority, deadline, session
-        )
-        self.n += 1
-        try:
-            self.events += rig.add(request)
-        except SchedulerError:
-            return
-        self.requests[request.request_id] = request
-
-    @precondition(lambda self: self.requests)
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(sorted(self.requests)))
-        self.rig.scheduler.cancel(request_id)
-        self.events += self.rig.scheduler.drain_events()
+        self.submit([*prefix, *suffix], max_tokens, frozenset(), priority, deadline_in, session)
 
     @rule(k=st.integers(1, 4))
     def step(self, k: int) -> None:
@@ -118,15 +90,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         invariants.check(sched)
         self.events += sched.update(plan, result)
 
-    @rule(dt=st.floats(0.0, 0.05))
-    def wait(self, dt: float) -> None:
-        self.rig.clock.advance(dt)
-
-    @invariant()
-    def books_balance(self) -> None:
-        if hasattr(self, "rig"):
-            invariants.check(self.rig.scheduler)
-
     def teardown(self) -> None:
         if not hasattr(self, "rig"):
             return
@@ -140,24 +103,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 wakeup = sched.next_wakeup()
                 assert wakeup is not None, "stalled: work left, nothing to wait for"
                 rig.clock.advance_to(max(wakeup, rig.clock.now))
-        assert not sched.has_unfinished()
-        self.events += sched.drain_events()
-        # Only session pins may hold blocks now (two sessions may pin the same prefix block).
-        pinned = {block for _, ids in sched.sessions.items() for block in ids}
-        assert sched.stats().kv_blocks_used == len(pinned)
-        ends: dict[str, list[Finished]] = defaultdict(list)
-        tokens: dict[str, list[Token]] = defaultdict(list)
-        for e in self.events:
-            if isinstance(e, Finished):
-                ends[e.request_id].append(e)
-            elif isinstance(e, Token):
-                tokens[e.request_id].append(e)
-        assert set(ends) == set(self.requests)
+        ends, tokens = self.finished_books()
         for request_id, request in self.requests.items():
-            (end,) = ends[request_id]
-            got = tokens[request_id]
-            assert [t.index for t in got] == list(range(len(got)))
-            assert end.num_output_tokens == len(got)
+            end, got = ends[request_id], tokens[request_id]
             assert [t.token_id for t in got] == expected_tokens(request, len(got))
             if end.reason == "length":
                 assert len(got) == request.max_tokens

@@ -1,0 +1,89 @@
+"""What the scheduler's two hypothesis state machines share: the books, the requests they
+submitted and the events they saw, the rules that need no plan in flight, and the end-of-run
+accounting of every request's events."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from services.scheduler import invariants
+from services.scheduler.errors import SchedulerError
+from services.scheduler.events import Event, Finished, Token
+from services.scheduler.request import Request
+
+from .utils import Rig
+
+# A few shared prefixes (some a block or two long) so prefix sharing happens often.
+PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
+
+
+class BooksMachine(RuleBasedStateMachine):
+    rig: Rig
+
+    def start(self, rig: Rig) -> None:
+        self.rig = rig
+        self.requests: dict[str, Request] = {}
+        self.events: list[Event] = []
+        self.n = 0
+
+    def submit(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        stops: frozenset[int],
+        priority: int,
+        deadline_in: float | None,
+        session: str | None,
+    ) -> None:
+        """A new request; one the scheduler refuses (a full queue) is not kept."""
+        deadline = None if deadline_in is None else self.rig.clock.now + deadline_in
+        request = Request(f"q{self.n}", prompt, max_tokens, stops, priority, deadline, session)
+        self.n += 1
+        try:
+            self.events += self.rig.add(request)
+        except SchedulerError:
+            return
+        self.requests[request.request_id] = request
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        self.rig.scheduler.cancel(data.draw(st.sampled_from(sorted(self.requests))))
+        self.events += self.rig.scheduler.drain_events()
+
+    @rule(dt=st.floats(0.0, 0.05))
+    def wait(self, dt: float) -> None:
+        self.rig.clock.advance(dt)
+
+    @invariant()
+    def books_balance(self) -> None:
+        if hasattr(self, "rig"):
+            invariants.check(self.rig.scheduler)
+
+    def finished_books(self) -> tuple[dict[str, Finished], dict[str, list[Token]]]:
+        """After the drain: only session pins hold blocks, and every accepted request ended
+        exactly once. Returns each request's end and its tokens, checked to be numbered 0..n-1
+        and counted by the end."""
+        sched = self.rig.scheduler
+        assert not sched.has_unfinished()
+        self.events += sched.drain_events()
+        # Two sessions may pin the same prefix block.
+        pinned = {block for _, ids in sched.sessions.items() for block in ids}
+        assert sched.stats().kv_blocks_used == len(pinned)
+        ends: dict[str, list[Finished]] = defaultdict(list)
+        tokens: dict[str, list[Token]] = defaultdict(list)
+        for e in self.events:
+            if isinstance(e, Finished):
+                ends[e.request_id].append(e)
+            elif isinstance(e, Token):
+                tokens[e.request_id].append(e)
+        assert set(ends) == set(self.requests)
+        for request_id in self.requests:
+            (end,) = ends[request_id]
+            got = tokens[request_id]
+            assert [t.index for t in got] == list(range(len(got)))
+            assert end.num_output_tokens == len(got)
+        return {r: ends[r][0] for r in self.requests}, tokens
