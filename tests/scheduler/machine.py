@@ -22,6 +22,9 @@ PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
 
 class BooksMachine(RuleBasedStateMachine):
     rig: Rig
+    # The stop tokens a new request carries (a machine whose model has a small vocabulary hits
+    # them often).
+    stops: st.SearchStrategy[frozenset[int]] = st.just(frozenset())
 
     def start(self, rig: Rig) -> None:
         self.rig = rig
@@ -29,17 +32,28 @@ class BooksMachine(RuleBasedStateMachine):
         self.events: list[Event] = []
         self.n = 0
 
-    def submit(
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        suffix=st.lists(st.integers(10, 30), min_size=1, max_size=20),
+        max_tokens=st.integers(1, 16),
+        priority=st.integers(-1, 2),
+        deadline_in=st.one_of(st.none(), st.floats(0.001, 0.2)),
+        session=st.sampled_from([None, None, "s1", "s2"]),
+        data=st.data(),
+    )
+    def add(
         self,
-        prompt: list[int],
+        prefix: list[int],
+        suffix: list[int],
         max_tokens: int,
-        stops: frozenset[int],
         priority: int,
         deadline_in: float | None,
         session: str | None,
+        data: st.DataObject,
     ) -> None:
         """A new request; one the scheduler refuses (a full queue) is not kept."""
         deadline = None if deadline_in is None else self.rig.clock.now + deadline_in
+        prompt, stops = [*prefix, *suffix], data.draw(self.stops)
         request = Request(f"q{self.n}", prompt, max_tokens, stops, priority, deadline, session)
         self.n += 1
         try:

@@ -18,7 +18,7 @@ from services.scheduler.plan import StepPlan, StepResult
 from services.scheduler.request import Request
 from services.scheduler.simulator import default_model
 
-from .machine import PREFIXES, BooksMachine
+from .machine import BooksMachine
 from .utils import create_rig
 
 # A vocabulary of 12, so stop tokens are sampled often.
@@ -37,6 +37,8 @@ def expected(request: Request) -> list[int]:
 
 
 class OverlapMachine(BooksMachine):
+    stops = st.frozensets(st.integers(0, 11), max_size=2)
+
     @initialize(
         chunked=st.booleans(),
         caching=st.booleans(),
@@ -69,27 +71,6 @@ class OverlapMachine(BooksMachine):
         # Plans made and not yet run by the worker; results not yet applied.
         self.sent: deque[StepPlan] = deque()
         self.done: deque[tuple[StepPlan, StepResult]] = deque()
-
-    @rule(
-        prefix=st.sampled_from(PREFIXES),
-        suffix=st.lists(st.integers(10, 30), min_size=1, max_size=20),
-        max_tokens=st.integers(1, 16),
-        stops=st.frozensets(st.integers(0, 11), max_size=2),
-        priority=st.integers(-1, 2),
-        deadline_in=st.one_of(st.none(), st.floats(0.001, 0.2)),
-        session=st.sampled_from([None, None, "s1", "s2"]),
-    )
-    def add(
-        self,
-        prefix: list[int],
-        suffix: list[int],
-        max_tokens: int,
-        stops: frozenset[int],
-        priority: int,
-        deadline_in: float | None,
-        session: str | None,
-    ) -> None:
-        self.submit([*prefix, *suffix], max_tokens, stops, priority, deadline_in, session)
 
     @precondition(lambda self: self.rig.scheduler.num_in_flight < 2)
     @rule()

@@ -9,7 +9,7 @@ from hypothesis.stateful import initialize, precondition, rule
 
 from services.scheduler import invariants
 
-from .machine import PREFIXES, BooksMachine
+from .machine import BooksMachine
 from .utils import create_rig, expected_tokens
 
 
@@ -49,25 +49,6 @@ class SchedulerMachine(BooksMachine):
             session_kv_fraction=0.3,
         )
         self.start(rig)
-
-    @rule(
-        prefix=st.sampled_from(PREFIXES),
-        suffix=st.lists(st.integers(10, 30), min_size=1, max_size=20),
-        max_tokens=st.integers(1, 16),
-        priority=st.integers(-1, 2),
-        deadline_in=st.one_of(st.none(), st.floats(0.001, 0.2)),
-        session=st.sampled_from([None, None, "s1", "s2"]),
-    )
-    def add(
-        self,
-        prefix: list[int],
-        suffix: list[int],
-        max_tokens: int,
-        priority: int,
-        deadline_in: float | None,
-        session: str | None,
-    ) -> None:
-        self.submit([*prefix, *suffix], max_tokens, frozenset(), priority, deadline_in, session)
 
     @rule(k=st.integers(1, 4))
     def step(self, k: int) -> None:
