@@ -5,13 +5,13 @@
 // dispatch, and a one-row step of SmolLM2-135M runs ~35 of them per layer; torch's int4 kernel
 // also multiplies bf16 activations and runs at a third of the memory bandwidth. Here:
 //
-// - q4_matmul / q8_matmul: activations are quantized per 32-value block to int8 (a scale per
-//   block, as llama.cpp's q8_1), then each block's dot product with the weight's 4-bit (or
-//   8-bit) codes is one u8 x s8 integer instruction (AVX-512 VNNI, or AVX2's maddubs), scaled
-//   in fp32: w = d*q + m gives  d*da*sum(q*a) + m*da*sum(a).
+// - block_matmul: activations are quantized per 32-value block to int8 (a scale per block, as
+//   llama.cpp's q8_1), then multiplied with the weight's 4-bit (or 8-bit) codes by AVX-512 VNNI
+//   u8 x s8 dot products, scaled in fp32: w = d*q + m gives  d*da*sum(q*a) + m*da*sum(a).
 // - add_rms_norm, rope_and_store, silu_mul: one pass each over fp32 rows.
 // - paged_decode: one query per sequence against its keys read through the block table,
 //   in place in the pool (no gather into a padded batch).
+// - DecodeStack: every layer of a decode-only step in one call, over the kernels above.
 //
 // Registered as torch ops (torch.ops.tandem.*); threads come from ATen's pool, so
 // torch.set_num_threads governs them as it does every other op. fp32 activations only.
@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -47,7 +46,7 @@ constexpr int64_t kBlock = 32;  // GGUF's Q4_0/Q4_1/Q8_0 block: values sharing o
 // ---- activations as int8 blocks ---------------------------------------------------------------
 
 struct QuantizedRows {
-  int64_t rows, blocks;
+  int64_t blocks;
   std::vector<int8_t> q;    // (rows, blocks * 32)
   std::vector<float> d;     // (rows, blocks): value = d * q
   std::vector<float> dsum;  // (rows, blocks): d * sum(q), for the weight's minimum term
@@ -55,7 +54,7 @@ struct QuantizedRows {
 
 QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t blocks = k / kBlock;
-  QuantizedRows out{rows, blocks, std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks),
+  QuantizedRows out{blocks, std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks),
                     std::vector<float>(rows * blocks)};
   for (int64_t i = 0; i < rows * blocks; ++i) {
     const __m512 v0 = _mm512_loadu_ps(x + i * kBlock), v1 = _mm512_loadu_ps(x + i * kBlock + 16);
