@@ -90,7 +90,8 @@ class Engine:
                 self.graphs = DecodeGraphs(self.model, self.kv, num_kv_blocks, max_num_seqs)
         elif cpu_kernels.usable(self.kv.pool) and self.config.head_dim in cpu_kernels.HEAD_DIMS:
             self.decode_kernel = cpu_kernels.PagedDecode(block_size)
-        self.native = NativeDecoder(self.model) if NativeDecoder.fits(self.model) else None
+        fits = NativeDecoder.fits(self.model, self.decode_kernel)
+        self.native = NativeDecoder(self.model) if fits else None
 
     @classmethod
     def from_path(

@@ -53,11 +53,10 @@ class NativeDecoder:
         )
 
     @staticmethod
-    def fits(model: Transformer) -> bool:
-        """An fp32 CPU model, every projection from GGUF codes, attention the kernel's shape."""
-        if model.norm.weight.dtype != torch.float32 or model.norm.weight.device.type != "cpu":
-            return False
-        if model.config.head_dim not in cpu_kernels.HEAD_DIMS or not cpu_kernels.load():
+    def fits(model: Transformer, decode_kernel: object) -> bool:
+        """The engine attends decodes with the native kernel (an fp32 CPU model of its head
+        dims), and every projection is served from GGUF codes."""
+        if not isinstance(decode_kernel, cpu_kernels.PagedDecode):
             return False
         return all(
             isinstance(p, CodesLinear) for block in _blocks(model) for p in _projections(block)
