@@ -109,18 +109,25 @@ def gather_codes(model: nn.Module) -> int:
     SmolLM2-135M's 120 projections: 4.4 ms from separate allocations, 3.0-3.5 ms from one buffer
     on huge pages (fewer TLB misses, and one stream the prefetcher follows from layer to layer).
     """
-    layers = [m for m in model.modules() if isinstance(m, CodesLinear)]
-    names = ("codes", "scale", "minimum")
-    tensors = [getattr(layer, name) for layer in layers for name in names]
-    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]  # cache-line aligned
-    buffer = _huge_page_buffer(sum(sizes))
+    owners = [
+        (layer, name)
+        for layer in model.modules()
+        if isinstance(layer, CodesLinear)
+        for name in ("codes", "scale", "minimum")
+    ]
+
+    def nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    def aligned(t: torch.Tensor) -> int:  # each tensor starts on a cache line
+        return -(-nbytes(t) // 64) * 64
+
+    buffer = _huge_page_buffer(sum(aligned(getattr(layer, name)) for layer, name in owners))
     offset = 0
-    for i, layer in enumerate(layers):
-        for j, name in enumerate(names):
-            tensor, size = tensors[3 * i + j], sizes[3 * i + j]
-            nbytes = tensor.numel() * tensor.element_size()
-            view = buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
-            view.copy_(tensor)
-            setattr(layer, name, view)
-            offset += size
+    for layer, name in owners:
+        tensor = getattr(layer, name)
+        view = buffer[offset : offset + nbytes(tensor)].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor)
+        setattr(layer, name, view)
+        offset += aligned(tensor)
     return offset
