@@ -59,7 +59,7 @@ def _put_ninja_on_path() -> None:
 
 @functools.cache
 def load() -> bool:
-    """Build (the first time on this machine: about a minute) and load the kernels; False, with
+    """Build (the first time on this machine: 10-60 s) and load the kernels; False, with
     the reason logged, where they cannot be."""
     if not supported():
         log.info(
