@@ -239,6 +239,15 @@ def measure_8b(
         "tok/s",
         roofline_b1,
     )
+    engine.replay_ahead = False
+    row(
+        "8B batch-1 decode",
+        "tandem engine, no replay-ahead",
+        batch1_decode(engine, 512, steps),
+        "tok/s",
+        roofline_b1,
+    )
+    engine.replay_ahead = True
     row(
         "8B batch-1 decode",
         "graph replay alone",

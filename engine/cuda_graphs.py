@@ -3,12 +3,19 @@
 A decode-only step has shapes fixed by its batch size alone, once attention reads the KV pool
 through block tables (the paged kernel) instead of gathering contexts of varying length. Each
 bucket's graph reads static input rows: token, position, KV slot, context length, block table.
-A step fills the first rows from one page-locked host buffer with one copy (padding rows point
-at a reserved dummy block), replays, and reads the logits of its real rows.
+A step fills the first rows from a page-locked host buffer with one copy (padding rows point
+at a reserved dummy block), replays, and reads the logits of its real rows. The batch-1 graph
+runs engine/row_decode.py's fused kernels instead of the model's modules where it can.
+
+A decode step can also be replayed ahead (`replay_next`): fed on the device the tokens just
+sampled, it runs while the host hands the last step's tokens back and plans the next; if the
+next step asked for is that one, its logits are ready or nearly so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +26,7 @@ from engine.batch import SeqInput
 from engine.kernels.paged_decode import PagedDecode
 from engine.kv_cache import KVCache
 from engine.model import Transformer
+from engine.row_decode import RowDecoder
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # Columns of a static input row: token, position, slot, context length, then the block table.
@@ -42,9 +50,12 @@ class DecodeGraphs:
         width = _TABLE + self.max_blocks
         biggest = self.buckets[-1]
         device = kv.pool.device
+        self.max_len = config.max_seq_len
         self.rows = torch.zeros((biggest, width), dtype=torch.int64, device=device)
-        self.host = torch.zeros((biggest, width), dtype=torch.int64).pin_memory()
-        self.host_np = self.host.numpy()
+        # Two page-locked input buffers, taken in turn: a step replayed ahead (replay_next) fills
+        # one while the copy of the step before it, from the other, may not have run yet.
+        self.hosts = [torch.zeros((biggest, width), dtype=torch.int64).pin_memory() for _ in "ab"]
+        self._turn = 0
         self.kernel = PagedDecode(
             biggest,
             config.n_heads,
@@ -54,9 +65,12 @@ class DecodeGraphs:
             config.max_seq_len,
             device,
         )
+        # The batch-1 bucket through fused kernels where the model's weights allow.
+        self.row = RowDecoder(model, kv) if RowDecoder.fits(model) else None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._fill_padding(0, biggest)
-        self.rows.copy_(self.host)
+        for host in self.hosts:
+            self._fill_padding(host.numpy(), 0, biggest)
+        self.rows.copy_(self.hosts[0])
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.buckets):  # largest first, so smaller ones reuse its memory
             self.graphs[size] = self._capture(size, pool)
@@ -73,6 +87,8 @@ class DecodeGraphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         rows = self.rows[:size]
+        if size == 1 and self.row is not None:
+            return self.row(rows[:, _TOKEN], rows[:, _SLOT], rows[:, _CTX], rows[:, _TABLE:])
         hidden = self.model(rows[:, _TOKEN], rows[:, _POS], self._meta(size), self.kv)
         return self.model.logits(hidden)  # (size, vocab)
 
@@ -89,33 +105,84 @@ class DecodeGraphs:
             logits = self._forward(size)
         return graph, logits
 
-    def _fill_padding(self, start: int, end: int) -> None:
+    def _fill_padding(self, host: np.ndarray, start: int, end: int) -> None:
         # Padding rows decode a token of nobody into the reserved dummy block.
-        pad = self.host_np[start:end]
+        pad = host[start:end]
         pad[:] = 0
         pad[:, _SLOT] = self.dummy_block * self.block_size
         pad[:, _CTX] = 1
         pad[:, _TABLE] = self.dummy_block
 
-    @torch.inference_mode()
-    def run(self, batch: list[SeqInput]) -> torch.Tensor:
-        """Logits (len(batch), vocab) of a decode-only batch; the bucket must exist."""
+    def _load(self, batch: Sequence[SeqInput], positions: list[int]) -> tuple[int, torch.Tensor]:
+        """Copy the inputs of `batch` at `positions` into the static rows (tokens as given in the
+        batch); returns the bucket and its logits, to be filled by replaying the bucket."""
         n = len(batch)
         size = self.bucket(n)
         if size is None:
             raise ValueError(f"no CUDA graph holds a batch of {n}")
-        host, bs = self.host_np, self.block_size
-        for i, seq in enumerate(batch):
-            pos = seq.start_pos
+        buffer = self.hosts[self._turn]
+        self._turn ^= 1
+        host, bs = buffer.numpy(), self.block_size
+        for i, (seq, pos) in enumerate(zip(batch, positions, strict=True)):
             table = seq.block_table
             host[i, _TOKEN] = seq.token_ids[0]
             host[i, _POS] = pos
             host[i, _SLOT] = table[pos // bs] * bs + pos % bs
             host[i, _CTX] = pos + 1
             host[i, _TABLE : _TABLE + len(table)] = np.asarray(table, dtype=np.int64)
-        self._fill_padding(n, size)
+        self._fill_padding(host, n, size)
         # One page-locked host → device copy of every input of the step.
-        self.rows[:size].copy_(self.host[:size], non_blocking=True)
-        graph, logits = self.graphs[size]
-        graph.replay()
-        return logits[:n]
+        self.rows[:size].copy_(buffer[:size], non_blocking=True)
+        return size, self.graphs[size][1][:n]
+
+    @torch.inference_mode()
+    def run(self, batch: Sequence[SeqInput]) -> torch.Tensor:
+        """Logits (len(batch), vocab) of a decode-only batch; the bucket must exist."""
+        size, logits = self._load(batch, [seq.start_pos for seq in batch])
+        self.graphs[size][0].replay()
+        return logits
+
+    @torch.inference_mode()
+    def replay_next(self, batch: Sequence[SeqInput], tokens: torch.Tensor) -> StepAhead | None:
+        """Replay, before anyone asks for it, the step after `batch`: each sequence one position
+        on, fed its sampled token (`tokens`, on the device). None where a sequence's next
+        position opens a new block, or the model has no room for it.
+
+        Its K/V land in the block the step before just wrote (so the sequence's own), at a
+        position nothing reads before a real step writes it: a step never asked for leaves no
+        trace."""
+        bs = self.block_size
+        positions = [seq.start_pos + 1 for seq in batch]
+        for pos in positions:
+            if pos % bs == 0 or pos >= self.max_len:
+                return None
+        size, logits = self._load(batch, positions)
+        self.rows[: len(batch), _TOKEN].copy_(tokens)
+        self.graphs[size][0].replay()
+        return StepAhead(
+            [seq.seq_id for seq in batch], positions, [list(s.block_table) for s in batch], logits
+        )
+
+
+@dataclass
+class StepAhead:
+    """A decode step replayed ahead of its request (DecodeGraphs.replay_next)."""
+
+    seq_ids: list[str]
+    positions: list[int]
+    tables: list[list[int]]
+    logits: torch.Tensor  # (n, vocab), being computed
+    tokens: list[int] = field(default_factory=list)  # what the step before sampled, once known
+
+    def matches(self, batch: Sequence[SeqInput]) -> bool:
+        """`batch` is the very step replayed: same sequences, positions, tokens and blocks."""
+        return len(batch) == len(self.seq_ids) and all(
+            seq.seq_id == seq_id
+            and seq.start_pos == pos
+            and len(seq.token_ids) == 1
+            and seq.token_ids[0] == token
+            and list(seq.block_table) == table
+            for seq, seq_id, pos, token, table in zip(
+                batch, self.seq_ids, self.positions, self.tokens, self.tables, strict=True
+            )
+        )

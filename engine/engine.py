@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from engine.kv_cache import KVCache
 from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
 from engine.sampling import SampledBatch, Sampler
+
+if TYPE_CHECKING:  # imports Triton: only on CUDA
+    from engine.cuda_graphs import StepAhead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,6 +76,10 @@ class Engine:
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
         self.decode_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
+        # A one-sequence decode step replayed before it was asked for (cuda_graphs.replay_next);
+        # `replay_ahead` False turns that off (benchmarks compare the two).
+        self.replay_ahead = True
+        self._ahead: StepAhead | None = None
         if on_cuda:
             from engine.cuda_graphs import DecodeGraphs
             from engine.kernels.paged_decode import PagedDecode
@@ -164,7 +172,9 @@ class Engine:
         """One forward for all of `batch`; one output per sequence that asked to sample."""
         if not batch:
             return []
-        logits = self._graph_logits(batch)
+        ahead, self._ahead = self._ahead, None
+        logits = self._graph_logits(batch, ahead)
+        graphed = logits is not None  # a decode-only batch, through its CUDA graph
         if logits is None:
             hidden = self.forward(batch)  # (T, dim)
         histories = [self._update_history(s) for s in batch]
@@ -181,24 +191,48 @@ class Engine:
             [batch[i].start_pos + len(batch[i].token_ids) for i in sampled],
             [histories[i] for i in sampled],
         )
-        return self._to_outputs([batch[i] for i in sampled], out)
+        # One sequence decoding through a graph: replay its next step while the host is busy.
+        ahead_ok = graphed and self.replay_ahead and len(batch) == 1 and len(sampled) == 1
+        follow = batch if ahead_ok else None
+        return self._to_outputs([batch[i] for i in sampled], out, follow)
 
-    def _graph_logits(self, batch: Sequence[SeqInput]) -> torch.Tensor | None:
-        """A decode-only batch replayed through its CUDA graph; None where there is none."""
+    def _graph_logits(
+        self, batch: Sequence[SeqInput], ahead: StepAhead | None
+    ) -> torch.Tensor | None:
+        """A decode-only batch replayed through its CUDA graph (or already replayed ahead, if it
+        is `ahead`'s step); None where there is no graph for it."""
         graphs = self.graphs
         if graphs is None or graphs.bucket(len(batch)) is None:
             return None
         if any(len(s.token_ids) != 1 or s.start_pos == 0 for s in batch):
             return None
         self._validate(batch)
-        return graphs.run(list(batch))
+        if ahead is not None and ahead.matches(batch):
+            return ahead.logits
+        return graphs.run(batch)
 
-    def _to_outputs(self, seqs: list[SeqInput], out: SampledBatch) -> list[SeqOutput]:
+    def _to_outputs(
+        self, seqs: list[SeqInput], out: SampledBatch, follow: Sequence[SeqInput] | None = None
+    ) -> list[SeqOutput]:
         # The step's one host sync: ids, logprobs and alternatives come back in one transfer.
         columns = [out.token_ids.double()[:, None], out.logprobs.double()[:, None]]
         if out.top_ids is not None and out.top_logprobs is not None:
             columns += [out.top_ids.double(), out.top_logprobs.double()]
-        rows = torch.cat(columns, dim=1).tolist()
+        packed = torch.cat(columns, dim=1)
+        if packed.is_cuda:
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            back = torch.cuda.Event()
+            back.record()
+            # Queued behind the copy, so the wait below does not wait for it too.
+            if follow is not None and self.graphs is not None:
+                self._ahead = self.graphs.replay_next(follow, out.token_ids)
+            back.synchronize()
+            rows = host.tolist()
+            if self._ahead is not None:
+                self._ahead.tokens = [int(row[0]) for row in rows]
+        else:
+            rows = packed.tolist()
         n_top = out.top_ids.shape[1] if out.top_ids is not None else 0
         outputs = []
         for row, seq in zip(rows, seqs, strict=True):

@@ -81,8 +81,10 @@ def _merge(
     m = tl.load(m_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=float("-inf"))
     lsum = tl.load(l_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=0.0)
     weight = tl.exp(m - tl.max(m, 0))  # empty partitions: exp(-inf) = 0
+    # An empty partition never wrote its accumulator: not even read, since 0 * NaN is NaN.
+    used = smask & (m > float("-inf"))
     acc = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s[:, None] * stride_as + d[None, :],
-                  mask=smask[:, None], other=0.0)  # (PARTS_PAD, D)  # fmt: skip
+                  mask=used[:, None], other=0.0)  # (PARTS_PAD, D)  # fmt: skip
     out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * lsum, 0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 

@@ -113,7 +113,124 @@ def check_fused() -> None:
         sys.exit(1)
 
 
+def check_row_gemv() -> None:
+    import torch.nn.functional as F
+
+    from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
+
+    torch.manual_seed(0)
+    for n, k in [(40, 96), (33, 600)]:  # K a multiple of the tile's width, and not
+        x, res, g, w = torch.randn(1, k), torch.randn(1, k), torch.randn(k), torch.randn(n, k)
+        tile = (8, 64, 4)
+        gate_up = torch.randn(1, 2 * k)
+        normed = F.rms_norm(x + res, (k,), g, 1e-5)
+        cases = {
+            "plain": (row_gemv(x, w, tile=tile)[0], x @ w.t()),
+            "add + norm": (
+                row_gemv(x, w, prologue=ADD_NORM, residual=res, norm_weight=g, eps=1e-5,
+                         tile=tile)[0],
+                normed @ w.t(),
+            ),
+            "norm": (
+                row_gemv(x, w, prologue=ADD_NORM, norm_weight=g, eps=1e-5, tile=tile)[0],
+                F.rms_norm(x, (k,), g, 1e-5) @ w.t(),
+            ),
+            "silu * up": (
+                row_gemv(gate_up, w, prologue=SILU_MUL, tile=tile)[0],
+                (F.silu(gate_up[:, :k]) * gate_up[:, k:]) @ w.t(),
+            ),
+        }  # fmt: skip
+        stream = row_gemv(x, w, prologue=ADD_NORM, residual=res, norm_weight=g, tile=tile)[1]
+        cases["residual stream"] = (stream, x + res)
+        for name, (got, want) in cases.items():
+            rel = float((got - want).abs().max()) / float(want.abs().max())
+            print(f"row gemv {name} {n}x{k}: relative error {rel:.2e}")
+            if rel > 1e-5:
+                sys.exit(1)
+
+
+def check_rope_attention() -> None:
+    from engine.kernels import fused
+    from engine.kernels.paged_decode import PagedDecode
+    from engine.kernels.rope_attention import RopeAttention
+    from engine.rope import inverse_frequencies
+
+    torch.manual_seed(0)
+    heads, kv_heads, hd, bs, blocks = 6, 2, 32, 4, 40
+    inv_freq = inverse_frequencies(hd, 10000.0)
+    cpu = torch.device("cpu")
+    # Contexts that open a partition (8 tokens) with the new token, end one, or sit inside.
+    for ctx in [1, 2, 8, 9, 17, 64, 70, 150]:  # 150: more partitions than one merge round
+        pool = torch.randn(blocks * bs, 2, kv_heads, hd)
+        want_pool = pool.clone()
+        table = torch.randperm(blocks)[None, :]
+        qkv = torch.randn(1, heads + 2 * kv_heads, hd)
+        pos = ctx - 1
+        slot = torch.tensor([int(table[0, pos // bs]) * bs + pos % bs])
+        kernel = RopeAttention(1, heads, kv_heads, hd, bs, 160, cpu, part_blocks=2)
+        for _ in range(2):  # the last partition must leave the counters at zero for the next
+            out = kernel(qkv, inv_freq, pool, table, torch.tensor([ctx]), slot)
+        # The three-launch path: rope tables, RoPE + store, paged attention.
+        angles = torch.tensor([float(pos)])[:, None] * inv_freq[None, :]
+        emb = torch.cat((angles, angles), dim=-1)
+        rotated = qkv.clone()
+        fused.rope_and_store(rotated, emb.cos(), emb.sin(), want_pool, slot, heads, kv_heads)
+        q = rotated[:, :heads].contiguous()
+        want = PagedDecode(1, heads, kv_heads, hd, bs, 160, cpu)(q, want_pool, table,
+                                                                 torch.tensor([ctx]))  # fmt: skip
+        err = max(float((out - want).abs().max()), float((pool - want_pool).abs().max()))
+        print(f"rope + attention, context {ctx}: max error {err:.2e}")
+        if err > 1e-5 or kernel.counters.any():
+            sys.exit(1)
+
+
+def check_row_decoder() -> None:
+    from engine.attention import build_metadata
+    from engine.config import ModelConfig
+    from engine.kv_cache import KVCache
+    from engine.model import Transformer
+    from engine.rope import inverse_frequencies
+    from engine.row_decode import RowDecoder
+
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+        rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=128, tie_embeddings=False,
+    )  # fmt: skip
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+        model.inv_freq.copy_(inverse_frequencies(config.head_dim, config.rope_theta))
+    cpu, bs = torch.device("cpu"), 4
+    kv, want_kv = (KVCache(config, 16, bs, torch.float32, cpu) for _ in range(2))
+    table = [5, 2, 9, 11, 3]
+    prompt = torch.randint(0, 300, (7,))
+    with torch.inference_mode():
+        for cache in (kv, want_kv):  # the same prefill into both caches
+            meta = build_metadata([0], [7], [table], bs, cpu)
+            model(prompt, torch.arange(7), meta, cache)
+        decoder = RowDecoder(model, kv)
+        for pos in range(7, 13):  # decode steps crossing a block boundary
+            token = torch.tensor([pos * 7 % 300])
+            meta = build_metadata([pos], [1], [table], bs, cpu)
+            want = model.logits(model(token, torch.tensor([pos]), meta, want_kv))
+            slot = torch.tensor([table[pos // bs] * bs + pos % bs])
+            got = decoder(token, slot, torch.tensor([pos + 1]), torch.tensor([table]))
+            err = max(
+                float((got - want).abs().max()) / float(want.abs().max()),
+                float((kv.pool - want_kv.pool).abs().max()),
+            )
+            print(f"row decoder, position {pos}: relative error {err:.2e}")
+            if err > 1e-5:
+                sys.exit(1)
+
+
 if __name__ == "__main__":
     check_paged_decode()
     check_w8a16()
     check_fused()
+    check_row_gemv()
+    check_rope_attention()
+    check_row_decoder()

@@ -3,7 +3,9 @@ transformers. Marked `gpu`: skipped where there is no CUDA device."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,37 @@ def test_paged_decode_kernel_matches_attention() -> None:
         scores = torch.einsum("hd,chd->hc", q[i].float(), k) / math.sqrt(hd)
         ref = torch.einsum("hc,chd->hd", scores.softmax(-1), v)
         assert rel(out[i], ref) < 2e-2
+
+
+def test_one_launch_rope_attention_matches_the_three_launch_path() -> None:
+    from engine.kernels import fused
+    from engine.kernels.paged_decode import PagedDecode
+    from engine.kernels.rope_attention import RopeAttention
+    from engine.rope import inverse_frequencies
+
+    torch.manual_seed(0)
+    heads, kv_heads, hd, bs, blocks = 32, 8, 128, 16, 520
+    inv_freq = inverse_frequencies(hd, 500000.0).to(CUDA)
+    kernel = RopeAttention(1, heads, kv_heads, hd, bs, 8192, CUDA)
+    reference = PagedDecode(1, heads, kv_heads, hd, bs, 8192, CUDA)
+    for ctx in [1, 17, 64, 65, 1000, 8192]:  # far positions: the angles' range reduction
+        pool = torch.randn(blocks * bs, 2, kv_heads, hd, device=CUDA, dtype=torch.bfloat16)
+        want_pool = pool.clone()
+        table = torch.randperm(blocks, device=CUDA)[None, :]
+        qkv = torch.randn(1, heads + 2 * kv_heads, hd, device=CUDA, dtype=torch.bfloat16)
+        pos = ctx - 1
+        slot = table[0, pos // bs : pos // bs + 1] * bs + pos % bs
+        lens = torch.tensor([ctx], device=CUDA)
+        out = kernel(qkv, inv_freq, pool, table, lens, slot)
+        angles = torch.tensor([float(pos)], device=CUDA)[:, None] * inv_freq[None, :]
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+        rotated = qkv.clone()
+        fused.rope_and_store(rotated, cos, sin, want_pool, slot, heads, kv_heads)
+        want = reference(rotated[:, :heads].contiguous(), want_pool, table, lens)
+        assert rel(out, want) < 2e-2, ctx
+        assert rel(pool, want_pool) < 1e-2, ctx  # the new K (rounded) and V at the right slot
+        assert not kernel.counters.any()
 
 
 def test_int8_kernel_matches_reference() -> None:
@@ -91,7 +124,7 @@ def decode_logits(engine: Engine, ids: list[list[int]], steps: int) -> list[torc
     logits = []
     for step in range(steps):
         batch = [SeqInput(f"s{i}", [last[i]], len(p) + step, tables[i]) for i, p in enumerate(ids)]
-        graph = engine._graph_logits(batch)
+        graph = engine._graph_logits(batch, None)
         row = graph if graph is not None else engine.model.logits(engine.forward(batch))
         logits.append(row.float().cpu())
         last = row.argmax(-1).tolist()
@@ -108,6 +141,104 @@ def test_cuda_graph_replay_equals_eager(default_model: Path) -> None:
     for a, b in zip(decode_logits(graphed, ids, 6), decode_logits(eager, ids, 6), strict=True):
         assert rel(a, b) < 1e-2
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_row_gemv_matches_reference() -> None:
+    import torch.nn.functional as F
+
+    from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
+
+    torch.manual_seed(0)
+    bf16 = dict(device=CUDA, dtype=torch.bfloat16)
+    for n, k in [(4096, 4096), (6144, 4096), (4096, 14336), (1000, 576)]:
+        x, res, g = torch.randn(1, k, **bf16), torch.randn(1, k, **bf16), torch.randn(k, **bf16)
+        w, gate_up = torch.randn(n, k, **bf16), torch.randn(1, 2 * k, **bf16)
+        summed = (x.float() + res.float()).to(torch.bfloat16)
+        normed = F.rms_norm(summed.float(), (k,), None, 1e-5).to(torch.bfloat16) * g
+        act = (F.silu(gate_up[:, :k].float()) * gate_up[:, k:].float()).to(torch.bfloat16)
+        for pdl in (False, True):
+            y, stream = row_gemv(x, w, prologue=ADD_NORM, residual=res, norm_weight=g, eps=1e-5,
+                                 pdl=pdl)  # fmt: skip
+            assert rel(y, normed.float() @ w.float().t()) < 1e-2
+            assert torch.equal(stream, summed)
+            y, _ = row_gemv(gate_up, w, prologue=SILU_MUL, pdl=pdl)
+            assert rel(y, act.float() @ w.float().t()) < 1e-2
+            y, _ = row_gemv(x, w, out_dtype=torch.float32, pdl=pdl)
+            assert y.dtype == torch.float32 and rel(y, x.float() @ w.float().t()) < 1e-3
+
+
+def test_batch1_graph_of_fused_row_kernels_equals_eager(default_model: Path) -> None:
+    for quantize in ("auto", "int8"):  # int8 weights keep the model's modules in the graph
+        graphed = Engine.from_path(
+            default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=1,
+            quantize=quantize,
+        )  # fmt: skip
+        assert graphed.graphs is not None
+        assert (graphed.graphs.row is None) == (quantize == "int8")
+        eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
+        # 40 tokens of prompt and 30 steps: contexts that open, fill and cross partitions.
+        ids = [prompt(40, graphed.config.vocab_size)]
+        pairs = zip(decode_logits(graphed, ids, 30), decode_logits(eager, ids, 30), strict=True)
+        for a, b in pairs:
+            assert rel(a, b) < 1e-2
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> None:
+    engine = Engine.from_path(
+        default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=1
+    )
+    assert engine.graphs is not None
+    graphs = engine.graphs
+    replays = 0
+    plain_run = graphs.run
+
+    def counted(batch: list[SeqInput]) -> torch.Tensor:
+        nonlocal replays
+        replays += 1
+        return plain_run(batch)
+
+    graphs.run = counted  # type: ignore[method-assign]
+    ids = prompt(40, engine.config.vocab_size)
+    runs, counts = [], []
+    for ahead in (True, False):
+        replays = 0
+        out = engine.step([SeqInput("s", ids, 0, list(range(8)))])[0]
+        assert engine._ahead is None  # a prefill is never followed
+        got = [(out.token_id, out.logprob)]
+        for i in range(60):
+            out = engine.step([SeqInput("s", [got[-1][0]], 40 + i, list(range(8)))])[0]
+            got.append((out.token_id, out.logprob))
+            if not ahead:
+                engine._ahead = None  # replayed, never asked for: must leave no trace
+        engine.release(["s"])
+        runs.append(got)
+        counts.append(replays)
+    assert runs[0] == runs[1]
+    # Ahead, a step is replayed on request only where the one before could not follow it: the
+    # first, and those whose position opens a block (every 16th).
+    assert counts == [5, 60], counts
+
+
+def test_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path) -> None:
+    # The 8B shapes with 4 of the 32 layers: bf16 rounding grows with depth through random
+    # weights, and the shapes, not the depth, are what the kernels must get right.
+    folder = tmp_path / "llama3-8b-4-layers"
+    shutil.copytree(registry.resolve("llama3-8b-random", tandem_home), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
+    graphed = Engine.from_path(folder, "cuda", "bfloat16", 1 << 30, progress=False, max_num_seqs=1)
+    assert graphed.graphs is not None and graphed.graphs.row is not None
+    eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
+    # The same tokens into both (random weights leave near-ties that bf16 rounding may flip).
+    ids, table = prompt(100, graphed.config.vocab_size), list(range(16))
+    for engine in (graphed, eager):
+        engine.step([SeqInput("s", ids, 0, table)])
+    for i, token in enumerate(prompt(12, graphed.config.vocab_size)):
+        batch = [SeqInput("s", [token], 100 + i, table)]
+        a = graphed._graph_logits(batch, None)
+        b = eager.model.logits(eager.forward(batch))
+        assert a is not None and float((a - b).norm() / b.norm()) < 2e-2
 
 
 def test_random_8b_shaped_model_agrees_with_transformers(tandem_home: Path) -> None:

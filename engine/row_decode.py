@@ -1,0 +1,103 @@
+"""Batch-1 decode steps on CUDA through fused kernels: five launches a layer instead of ~12.
+
+A one-row step reads every weight once and little else, so its time is the weights' bytes over
+the memory's bandwidth plus whatever leaves the memory idle: launches, and small kernels between
+the products. Here a layer is
+
+    QKV ← add + RMSNorm, fused in front       (engine/kernels/row_gemv.py)
+    RoPE, K/V store, attention, merge          (engine/kernels/rope_attention.py)
+    O
+    gate/up ← add + RMSNorm, fused in front
+    down ← SiLU·up, fused in front
+
+and the final norm rides in front of the output head. On Hopper every launch is a programmatic
+dependent launch, so a product's weights stream in while the kernel before it finishes.
+DecodeGraphs captures this for its batch-1 bucket; the arithmetic is the model's own, rounding
+included, so it agrees with model.py's path to bf16 tolerance.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from engine.kernels.rope_attention import RopeAttention
+from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
+from engine.kv_cache import KVCache
+from engine.model import Transformer, TransformerBlock
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    return cast(nn.Linear, module).weight
+
+
+def _projections(model: Transformer) -> list[nn.Module]:
+    blocks = [cast(TransformerBlock, layer) for layer in model.layers]
+    out: list[nn.Module] = [model.output]
+    for b in blocks:
+        out += [b.attention.wqkv, b.attention.wo, b.feed_forward.w13, b.feed_forward.w2]
+    return out
+
+
+class RowDecoder:
+    def __init__(self, model: Transformer, kv: KVCache) -> None:
+        c = model.config
+        self.model, self.kv = model, kv
+        self.eps = c.rms_norm_eps
+        self.shape = (c.n_heads + 2 * c.n_kv_heads, c.head_dim)
+        device = kv.pool.device
+        self.attention = RopeAttention(
+            1, c.n_heads, c.n_kv_heads, c.head_dim, kv.block_size, c.max_seq_len, device
+        )
+        # Programmatic dependent launch needs Hopper or later.
+        self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+    @staticmethod
+    def fits(model: Transformer) -> bool:
+        """A bf16/fp16 model on CUDA whose projections are plain weights. (Int8 weights stay
+        with their own kernel, engine/kernels/w8a16.py: widened to fp32 here they came out
+        slower, 302 against 308 tok/s on an H200.)"""
+        weight = model.norm.weight
+        if not weight.is_cuda or weight.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        hd = model.config.head_dim
+        if hd & (hd - 1):  # the attention kernel's tiles are powers of two
+            return False
+        return all(type(m) is nn.Linear and _weight(m).is_contiguous() for m in _projections(model))
+
+    def __call__(
+        self,
+        token: torch.Tensor,
+        slot: torch.Tensor,
+        context_len: torch.Tensor,
+        table: torch.Tensor,
+    ) -> torch.Tensor:
+        """token, slot, context_len: (1,); table: (1, max_blocks). Returns (1, vocab) fp32
+        logits; the new token's K/V are in the pool."""
+        model, pdl, eps = self.model, self.pdl, self.eps
+        x = model.tok_embeddings(token)  # (1, dim)
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(model.layers):
+            block = cast(TransformerBlock, layer)
+            attention, ffn = block.attention, block.feed_forward
+            qkv, residual = row_gemv(
+                x, _weight(attention.wqkv), prologue=ADD_NORM, residual=residual,
+                norm_weight=block.attention_norm.weight, eps=eps, pdl=pdl,
+            )  # fmt: skip
+            heads = self.attention(
+                qkv.view(1, *self.shape), model.inv_freq, self.kv.layer(i), table,
+                context_len, slot, pdl=pdl,
+            )  # fmt: skip
+            o, _ = row_gemv(heads.view(1, -1), _weight(attention.wo), pdl=pdl)
+            gate_up, residual = row_gemv(
+                o, _weight(ffn.w13), prologue=ADD_NORM, residual=residual,
+                norm_weight=block.ffn_norm.weight, eps=eps, pdl=pdl,
+            )  # fmt: skip
+            x, _ = row_gemv(gate_up, _weight(ffn.w2), prologue=SILU_MUL, pdl=pdl)
+        logits, _ = row_gemv(
+            x, _weight(model.output), prologue=ADD_NORM, residual=residual,
+            norm_weight=model.norm.weight, eps=eps, out_dtype=torch.float32, pdl=pdl,
+        )  # fmt: skip
+        return logits
