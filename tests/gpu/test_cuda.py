@@ -23,6 +23,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
+def l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
 def test_paged_decode_kernel_matches_attention() -> None:
     from engine.kernels.paged_decode import PagedDecode
 
@@ -167,7 +171,12 @@ def test_row_gemv_matches_reference() -> None:
             assert y.dtype == torch.float32 and rel(y, x.float() @ w.float().t()) < 1e-3
 
 
-def test_batch1_graph_of_fused_row_kernels_equals_eager(default_model: Path) -> None:
+def test_batch1_graph_of_fused_row_kernels_is_as_close_to_fp32_as_eager(
+    default_model: Path,
+) -> None:
+    cpu = Engine.from_path(
+        default_model, "cpu", "float32", 64 << 20, progress=False, quantize="none"
+    )
     for quantize in ("auto", "int8"):  # int8 weights keep the model's modules in the graph
         graphed = Engine.from_path(
             default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=1,
@@ -176,12 +185,30 @@ def test_batch1_graph_of_fused_row_kernels_equals_eager(default_model: Path) -> 
         assert graphed.graphs is not None
         assert (graphed.graphs.row is None) == (quantize == "int8")
         eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
-        # 40 tokens of prompt and 30 steps: contexts that open, fill and cross partitions.
-        ids = [prompt(40, graphed.config.vocab_size)]
-        pairs = zip(decode_logits(graphed, ids, 30), decode_logits(eager, ids, 30), strict=True)
-        for a, b in pairs:
-            assert rel(a, b) < 1e-2
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        table = list(range(8))
+        for engine in (graphed, eager, cpu):
+            engine.step([SeqInput("s", prompt(40, graphed.config.vocab_size), 0, table)])
+        # The same tokens into all three, 30 steps: contexts that open, fill and cross
+        # partitions of the attention kernel.
+        ours, theirs = [], []
+        for i, token in enumerate(prompt(30, graphed.config.vocab_size)):
+            batch = [SeqInput("s", [token], 40 + i, table)]
+            a = graphed._graph_logits(batch, None)
+            assert a is not None
+            got = a[0].float().cpu()
+            eager_logits = eager.model.logits(eager.forward(batch))[0].float().cpu()
+            want = cpu.model.logits(cpu.forward(batch))[0]
+            ours.append(l2(got, want))
+            theirs.append(l2(eager_logits, want))
+            # The modules round logits to bf16, which makes ties: the graph's choice must be a
+            # top logit of theirs to within that rounding.
+            top = float(eager_logits.max())
+            spacing = 2.0 ** (math.floor(math.log2(abs(top))) - 7)
+            assert float(eager_logits[got.argmax()]) >= top - spacing
+        # Within bf16 tolerance: on average as far from fp32 as the model's own bf16 modules
+        # (step by step the two trade places: 0.0023-0.0083 against 0.0029-0.0067 on an H200).
+        assert sum(ours) <= 1.5 * sum(theirs) + 0.03, (ours, theirs)
+        cpu.release(["s"])
 
 
 def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> None:
@@ -238,7 +265,7 @@ def test_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path)
         batch = [SeqInput("s", [token], 100 + i, table)]
         a = graphed._graph_logits(batch, None)
         b = eager.model.logits(eager.forward(batch))
-        assert a is not None and float((a - b).norm() / b.norm()) < 2e-2
+        assert a is not None and l2(a, b) < 2e-2
 
 
 def test_random_8b_shaped_model_agrees_with_transformers(tandem_home: Path) -> None:
