@@ -8,11 +8,13 @@ of query heads, and the s-th partition of the context, as paged_decode does, and
 
 - computes the rotary angles of the new position (as Transformer.rope_tables does) and rotates
   the group's queries and the new key in registers;
+- reads its partition's earlier keys and values in one gather (block ids, then rows), not
+  block by block: two memory round trips instead of two a block;
 - if its partition holds the new position, stores the new K and V into the pool and scores the
   new key from registers (the pool is read only for earlier positions, so no program reads what
   another writes);
 - leaves its partial result in a workspace and bumps a counter: the last partition of (b, h) to
-  arrive merges them all, writes the output, and resets the counter.
+  arrive merges them all, 16 partitions a round, writes the output, and resets the counter.
 """
 
 from __future__ import annotations
