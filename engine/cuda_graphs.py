@@ -176,13 +176,18 @@ class StepAhead:
 
     def matches(self, batch: Sequence[SeqInput]) -> bool:
         """`batch` is the very step replayed: same sequences, positions, tokens and blocks."""
-        return len(batch) == len(self.seq_ids) and all(
-            seq.seq_id == seq_id
-            and seq.start_pos == pos
-            and len(seq.token_ids) == 1
-            and seq.token_ids[0] == token
-            and list(seq.block_table) == table
-            for seq, seq_id, pos, token, table in zip(
-                batch, self.seq_ids, self.positions, self.tokens, self.tables, strict=True
+        n = len(self.seq_ids)
+        return (
+            len(batch) == n
+            and len(self.tokens) == n
+            and all(
+                seq.seq_id == seq_id
+                and seq.start_pos == pos
+                and len(seq.token_ids) == 1
+                and seq.token_ids[0] == token
+                and list(seq.block_table) == table
+                for seq, seq_id, pos, token, table in zip(
+                    batch, self.seq_ids, self.positions, self.tokens, self.tables, strict=True
+                )
             )
         )
