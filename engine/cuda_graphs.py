@@ -53,8 +53,10 @@ class DecodeGraphs:
         self.max_len = config.max_seq_len
         self.rows = torch.zeros((biggest, width), dtype=torch.int64, device=device)
         # Two page-locked input buffers, taken in turn: a step replayed ahead (replay_next) fills
-        # one while the copy of the step before it, from the other, may not have run yet.
+        # one while the copy of the step before it, from the other, may not have run yet. A
+        # buffer is written again only once its last copy has run (`_copied`).
         self.hosts = [torch.zeros((biggest, width), dtype=torch.int64).pin_memory() for _ in "ab"]
+        self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self.kernel = PagedDecode(
             biggest,
@@ -120,8 +122,12 @@ class DecodeGraphs:
         size = self.bucket(n)
         if size is None:
             raise ValueError(f"no CUDA graph holds a batch of {n}")
-        buffer = self.hosts[self._turn]
+        turn = self._turn
         self._turn ^= 1
+        last_copy = self._copied[turn]
+        if last_copy is not None:
+            last_copy.synchronize()  # long done in practice: a whole step has passed since
+        buffer = self.hosts[turn]
         host, bs = buffer.numpy(), self.block_size
         for i, (seq, pos) in enumerate(zip(batch, positions, strict=True)):
             table = seq.block_table
@@ -133,6 +139,9 @@ class DecodeGraphs:
         self._fill_padding(host, n, size)
         # One page-locked host → device copy of every input of the step.
         self.rows[:size].copy_(buffer[:size], non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        self._copied[turn] = copied
         return size, self.graphs[size][1][:n]
 
     @torch.inference_mode()
