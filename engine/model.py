@@ -10,6 +10,8 @@ attached by the loader; nothing here knows file formats.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -92,6 +94,12 @@ class TransformerBlock(nn.Module):
         h, residual = self.ffn_norm(x, residual)
         return self.feed_forward(h), residual
 
+    def projections(self) -> list[nn.Module]:
+        """The block's four projections in the order the forward pass reads them: QKV, output,
+        gate/up, down (the fused decoders take them so)."""
+        attention, ffn = self.attention, self.feed_forward
+        return [attention.wqkv, attention.wo, ffn.w13, ffn.w2]
+
 
 class Transformer(nn.Module):
     inv_freq: torch.Tensor  # (head_dim // 2,) RoPE inverse frequencies, set by the loader
@@ -115,6 +123,10 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, cos, sin, kv.layer(i), meta)
         return self.norm(x, residual)[0]
+
+    def blocks(self) -> list[TransformerBlock]:
+        """The layers, typed."""
+        return [cast(TransformerBlock, layer) for layer in self.layers]
 
     def rope_tables(
         self, positions: torch.Tensor, dtype: torch.dtype

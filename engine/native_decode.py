@@ -13,23 +13,12 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-from torch import nn
 
 from engine import cpu_kernels
 from engine.attention import AttentionMetadata, KernelDecode
 from engine.codes_linear import CodesLinear
 from engine.kv_cache import KVCache
-from engine.model import Transformer, TransformerBlock
-
-
-def _blocks(model: Transformer) -> list[TransformerBlock]:
-    return [cast(TransformerBlock, layer) for layer in model.layers]
-
-
-def _projections(block: TransformerBlock) -> list[nn.Module]:
-    """In the order DecodeStack takes them: QKV, output, gate/up, down."""
-    attention, ffn = block.attention, block.feed_forward
-    return [attention.wqkv, attention.wo, ffn.w13, ffn.w2]
+from engine.model import Transformer
 
 
 class NativeDecoder:
@@ -38,9 +27,9 @@ class NativeDecoder:
         c = model.config
         norms: list[torch.Tensor] = []
         projections: list[CodesLinear] = []
-        for block in _blocks(model):
+        for block in model.blocks():  # DecodeStack takes the projections in the forward's order
             norms += [block.attention_norm.weight, block.ffn_norm.weight]
-            projections += [cast(CodesLinear, p) for p in _projections(block)]
+            projections += [cast(CodesLinear, p) for p in block.projections()]
         self.stack = torch.classes.tandem.DecodeStack(
             norms,
             [p.codes for p in projections],
@@ -59,7 +48,7 @@ class NativeDecoder:
         if not isinstance(decode_kernel, cpu_kernels.PagedDecode):
             return False
         return all(
-            isinstance(p, CodesLinear) for block in _blocks(model) for p in _projections(block)
+            isinstance(p, CodesLinear) for block in model.blocks() for p in block.projections()
         )
 
     @staticmethod

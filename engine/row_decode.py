@@ -26,19 +26,11 @@ from torch import nn
 from engine.kernels.rope_attention import RopeAttention
 from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
 from engine.kv_cache import KVCache
-from engine.model import Transformer, TransformerBlock
+from engine.model import Transformer
 
 
 def _weight(module: nn.Module) -> torch.Tensor:
     return cast(nn.Linear, module).weight
-
-
-def _projections(model: Transformer) -> list[nn.Module]:
-    blocks = [cast(TransformerBlock, layer) for layer in model.layers]
-    out: list[nn.Module] = [model.output]
-    for b in blocks:
-        out += [b.attention.wqkv, b.attention.wo, b.feed_forward.w13, b.feed_forward.w2]
-    return out
 
 
 class RowDecoder:
@@ -65,7 +57,8 @@ class RowDecoder:
         hd = model.config.head_dim
         if hd & (hd - 1):  # the attention kernel's tiles are powers of two
             return False
-        return all(type(m) is nn.Linear and _weight(m).is_contiguous() for m in _projections(model))
+        projections = [model.output, *(p for b in model.blocks() for p in b.projections())]
+        return all(type(m) is nn.Linear and _weight(m).is_contiguous() for m in projections)
 
     def __call__(
         self,
@@ -79,8 +72,7 @@ class RowDecoder:
         model, pdl, eps = self.model, self.pdl, self.eps
         x = model.tok_embeddings(token)  # (1, dim)
         residual: torch.Tensor | None = None
-        for i, layer in enumerate(model.layers):
-            block = cast(TransformerBlock, layer)
+        for i, block in enumerate(model.blocks()):
             attention, ffn = block.attention, block.feed_forward
             qkv, residual = row_gemv(
                 x, _weight(attention.wqkv), prologue=ADD_NORM, residual=residual,
