@@ -248,6 +248,15 @@ def measure_8b(
         roofline_b1,
     )
     engine.replay_ahead = True
+    engine.greedy_in_graph = False
+    row(
+        "8B batch-1 decode",
+        "tandem engine, sampling outside graph",
+        batch1_decode(engine, 512, steps),
+        "tok/s",
+        roofline_b1,
+    )
+    engine.greedy_in_graph = True
     row(
         "8B batch-1 decode",
         "graph replay alone",

@@ -5,7 +5,9 @@ through block tables (the paged kernel) instead of gathering contexts of varying
 bucket's graph reads static input rows: token, position, KV slot, context length, block table.
 A step fills the first rows from a page-locked host buffer with one copy (padding rows point
 at a reserved dummy block), replays, and reads the logits of its real rows. The batch-1 graph
-runs engine/row_decode.py's fused kernels instead of the model's modules where it can.
+runs engine/row_decode.py's fused kernels instead of the model's modules where it can. Every
+graph ends with each row's greedy pick and its logprob (engine/kernels/greedy.py), so a step
+whose rows all decode greedily samples nothing outside the graph.
 
 A decode step can also be replayed ahead (`replay_next`): fed on the device the tokens just
 sampled, it runs while the host hands the last step's tokens back and plans the next; if the
@@ -23,6 +25,7 @@ import torch
 
 from engine.attention import AttentionMetadata, KernelDecode
 from engine.batch import SeqInput
+from engine.kernels.greedy import GreedyPicks
 from engine.kernels.paged_decode import PagedDecode
 from engine.kv_cache import KVCache
 from engine.model import Transformer
@@ -69,7 +72,8 @@ class DecodeGraphs:
         )
         # The batch-1 bucket through fused kernels where the model's weights allow.
         self.row = RowDecoder(model, kv) if RowDecoder.fits(model) else None
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.greedy = GreedyPicks(biggest, config.vocab_size, device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, GraphOutputs]] = {}
         for host in self.hosts:
             self._fill_padding(host.numpy(), 0, biggest)
         self.rows.copy_(self.hosts[0])
@@ -87,15 +91,18 @@ class DecodeGraphs:
         )
         return AttentionMetadata(slot_mapping=rows[:, _SLOT], prefills=[], decodes=decodes)
 
-    def _forward(self, size: int) -> torch.Tensor:
+    def _forward(self, size: int) -> GraphOutputs:
         rows = self.rows[:size]
         if size == 1 and self.row is not None:
-            return self.row(rows[:, _TOKEN], rows[:, _SLOT], rows[:, _CTX], rows[:, _TABLE:])
-        hidden = self.model(rows[:, _TOKEN], rows[:, _POS], self._meta(size), self.kv)
-        return self.model.logits(hidden)  # (size, vocab)
+            logits = self.row(rows[:, _TOKEN], rows[:, _SLOT], rows[:, _CTX], rows[:, _TABLE:])
+            pdl = self.row.pdl
+        else:
+            hidden = self.model(rows[:, _TOKEN], rows[:, _POS], self._meta(size), self.kv)
+            logits, pdl = self.model.logits(hidden), False  # (size, vocab) fp32
+        return GraphOutputs(logits, *self.greedy(logits, pdl=pdl))
 
     @torch.inference_mode()
-    def _capture(self, size: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, size: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, GraphOutputs]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -104,8 +111,8 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            logits = self._forward(size)
-        return graph, logits
+            outputs = self._forward(size)
+        return graph, outputs
 
     def _fill_padding(self, host: np.ndarray, start: int, end: int) -> None:
         # Padding rows decode a token of nobody into the reserved dummy block.
@@ -115,9 +122,9 @@ class DecodeGraphs:
         pad[:, _CTX] = 1
         pad[:, _TABLE] = self.dummy_block
 
-    def _load(self, batch: Sequence[SeqInput], positions: list[int]) -> tuple[int, torch.Tensor]:
+    def _load(self, batch: Sequence[SeqInput], positions: list[int]) -> tuple[int, GraphOutputs]:
         """Copy the inputs of `batch` at `positions` into the static rows (tokens as given in the
-        batch); returns the bucket and its logits, to be filled by replaying the bucket."""
+        batch); returns the bucket and its outputs' rows, to be filled by replaying the bucket."""
         n = len(batch)
         size = self.bucket(n)
         if size is None:
@@ -142,14 +149,14 @@ class DecodeGraphs:
         copied = torch.cuda.Event()
         copied.record()
         self._copied[turn] = copied
-        return size, self.graphs[size][1][:n]
+        return size, self.graphs[size][1].head(n)
 
     @torch.inference_mode()
-    def run(self, batch: Sequence[SeqInput]) -> torch.Tensor:
-        """Logits (len(batch), vocab) of a decode-only batch; the bucket must exist."""
-        size, logits = self._load(batch, [seq.start_pos for seq in batch])
+    def run(self, batch: Sequence[SeqInput]) -> GraphOutputs:
+        """The outputs of a decode-only batch, len(batch) rows; the bucket must exist."""
+        size, outputs = self._load(batch, [seq.start_pos for seq in batch])
         self.graphs[size][0].replay()
-        return logits
+        return outputs
 
     @torch.inference_mode()
     def replay_next(self, batch: Sequence[SeqInput], tokens: torch.Tensor) -> StepAhead | None:
@@ -165,12 +172,25 @@ class DecodeGraphs:
         for pos in positions:
             if pos % bs == 0 or pos >= self.max_len:
                 return None
-        size, logits = self._load(batch, positions)
+        size, outputs = self._load(batch, positions)
         self.rows[: len(batch), _TOKEN].copy_(tokens)
         self.graphs[size][0].replay()
         return StepAhead(
-            [seq.seq_id for seq in batch], positions, [list(s.block_table) for s in batch], logits
+            [seq.seq_id for seq in batch], positions, [list(s.block_table) for s in batch], outputs
         )
+
+
+@dataclass(frozen=True)
+class GraphOutputs:
+    """What a replay leaves on the device, a row per sequence (static buffers: the next replay
+    of the bucket overwrites them)."""
+
+    logits: torch.Tensor  # (n, vocab) fp32
+    tokens: torch.Tensor  # (n,) int64: each row's most likely token
+    picks: torch.Tensor  # (n, 2) float64: that token and its logprob, in SampledBatch.packed's form
+
+    def head(self, n: int) -> GraphOutputs:
+        return GraphOutputs(self.logits[:n], self.tokens[:n], self.picks[:n])
 
 
 @dataclass
@@ -180,7 +200,7 @@ class StepAhead:
     seq_ids: list[str]
     positions: list[int]
     tables: list[list[int]]
-    logits: torch.Tensor  # (n, vocab), being computed
+    outputs: GraphOutputs  # being computed
     tokens: list[int] = field(default_factory=list)  # what the step before sampled, once known
 
     def matches(self, batch: Sequence[SeqInput]) -> bool:

@@ -17,10 +17,10 @@ from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
-from engine.sampling import SampledBatch, Sampler
+from engine.sampling import Sampler
 
 if TYPE_CHECKING:  # imports Triton: only on CUDA
-    from engine.cuda_graphs import StepAhead
+    from engine.cuda_graphs import GraphOutputs, StepAhead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +41,12 @@ def _free_cuda_bytes(
     # Logits of the largest decode batch (fp32) and a margin for activations and graphs.
     reserve = max_num_seqs * config.vocab_size * 4 * 2 + (2 << 30)
     return max(0, int(total * fraction) - used - reserve)
+
+
+def _plain_greedy(seq: SeqInput) -> bool:
+    """Its token is the argmax of the model's logits, and only it and its logprob are asked for."""
+    p = seq.sampling
+    return p.greedy and not p.uses_penalties and p.logprobs == 0
 
 
 def parse_device(name: str) -> torch.device:
@@ -79,6 +85,9 @@ class Engine:
         # A one-sequence decode step replayed before it was asked for (cuda_graphs.replay_next);
         # `replay_ahead` False turns that off (benchmarks compare the two).
         self.replay_ahead = True
+        # Greedy rows take the token the graph picked (kernels/greedy.py); False samples them
+        # outside the graph like any other row (benchmarks compare the two).
+        self.greedy_in_graph = True
         self._ahead: StepAhead | None = None
         if on_cuda:
             from engine.cuda_graphs import DecodeGraphs
@@ -173,32 +182,43 @@ class Engine:
         if not batch:
             return []
         ahead, self._ahead = self._ahead, None
-        logits = self._graph_logits(batch, ahead)
-        graphed = logits is not None  # a decode-only batch, through its CUDA graph
-        if logits is None:
-            hidden = self.forward(batch)  # (T, dim)
+        graphed = self._graph_outputs(batch, ahead)  # a decode-only batch, through its graph
+        hidden = self.forward(batch) if graphed is None else None  # (T, dim)
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
             return []
-        if logits is None:
-            ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
-            rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
-            logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
-        out = self.sampler(
-            logits,
-            [batch[i].sampling for i in sampled],
-            [batch[i].start_pos + len(batch[i].token_ids) for i in sampled],
-            [histories[i] for i in sampled],
-        )
+        seqs = [batch[i] for i in sampled]
+        if (
+            graphed is not None
+            and self.greedy_in_graph
+            and len(sampled) == len(batch)
+            and all(_plain_greedy(s) for s in seqs)
+        ):
+            # The graph already picked every row's token: nothing to sample out here.
+            packed, tokens, n_top = graphed.picks, graphed.tokens, 0
+        else:
+            if graphed is not None:
+                logits = graphed.logits.index_select(0, torch.tensor(sampled, device=self.device))
+            else:
+                assert hidden is not None
+                ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
+                rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
+                logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
+            out = self.sampler(
+                logits,
+                [s.sampling for s in seqs],
+                [s.start_pos + len(s.token_ids) for s in seqs],
+                [histories[i] for i in sampled],
+            )
+            packed, tokens, n_top = out.packed(), out.token_ids, out.n_top
         # One sequence decoding through a graph: replay its next step while the host is busy.
-        ahead_ok = graphed and self.replay_ahead and len(batch) == 1 and len(sampled) == 1
-        follow = batch if ahead_ok else None
-        return self._to_outputs([batch[i] for i in sampled], out, follow)
+        ahead_ok = graphed is not None and self.replay_ahead and len(batch) == len(sampled) == 1
+        return self._to_outputs(seqs, packed, n_top, (batch, tokens) if ahead_ok else None)
 
-    def _graph_logits(
+    def _graph_outputs(
         self, batch: Sequence[SeqInput], ahead: StepAhead | None
-    ) -> torch.Tensor | None:
+    ) -> GraphOutputs | None:
         """A decode-only batch replayed through its CUDA graph (or already replayed ahead, if it
         is `ahead`'s step); None where there is no graph for it."""
         graphs = self.graphs
@@ -208,32 +228,33 @@ class Engine:
             return None
         self._validate(batch)
         if ahead is not None and ahead.matches(batch):
-            return ahead.logits
+            return ahead.outputs
         return graphs.run(batch)
 
     def _to_outputs(
-        self, seqs: list[SeqInput], out: SampledBatch, follow: Sequence[SeqInput] | None = None
+        self,
+        seqs: list[SeqInput],
+        packed: torch.Tensor,
+        n_top: int,
+        follow: tuple[Sequence[SeqInput], torch.Tensor] | None = None,
     ) -> list[SeqOutput]:
-        # The step's one host sync: ids, logprobs and alternatives come back in one transfer.
-        columns = [out.token_ids.double()[:, None], out.logprobs.double()[:, None]]
-        if out.top_ids is not None and out.top_logprobs is not None:
-            columns += [out.top_ids.double(), out.top_logprobs.double()]
-        packed = torch.cat(columns, dim=1)
+        """packed: SampledBatch.packed's rows. `follow`: a batch and its sampled tokens (on the
+        device), whose next step to replay ahead."""
         if packed.is_cuda:
+            # The step's one host sync: ids, logprobs and alternatives come back in one transfer.
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             host.copy_(packed, non_blocking=True)
             back = torch.cuda.Event()
             back.record()
             # Queued behind the copy, so the wait below does not wait for it too.
             if follow is not None and self.graphs is not None:
-                self._ahead = self.graphs.replay_next(follow, out.token_ids)
+                self._ahead = self.graphs.replay_next(*follow)
             back.synchronize()
             rows = host.tolist()
             if self._ahead is not None:
                 self._ahead.tokens = [int(row[0]) for row in rows]
         else:
             rows = packed.tolist()
-        n_top = out.top_ids.shape[1] if out.top_ids is not None else 0
         outputs = []
         for row, seq in zip(rows, seqs, strict=True):
             n = min(seq.sampling.logprobs, n_top)

@@ -71,6 +71,18 @@ class SampledBatch:
     top_ids: torch.Tensor | None  # (S, n) int64 when any row asked for top-n
     top_logprobs: torch.Tensor | None  # (S, n) float32
 
+    def packed(self) -> torch.Tensor:
+        """(S, 2 + 2n) float64 rows: token, logprob, then the n top ids and their logprobs; one
+        tensor, so the host gets it all in one transfer."""
+        columns = [self.token_ids.double()[:, None], self.logprobs.double()[:, None]]
+        if self.top_ids is not None and self.top_logprobs is not None:
+            columns += [self.top_ids.double(), self.top_logprobs.double()]
+        return torch.cat(columns, dim=1)
+
+    @property
+    def n_top(self) -> int:
+        return self.top_ids.shape[1] if self.top_ids is not None else 0
+
 
 # splitmix64 constants, as signed int64 so torch's wrapping arithmetic reproduces them.
 _GOLDEN = 0x9E3779B97F4A7C15 - 2**64

@@ -36,14 +36,17 @@ def _rope_attention(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
+    # The context length is an input of the step, not the previous kernel's output: programs
+    # past the context leave before waiting for that kernel (most of them: the grid covers the
+    # longest context).
     ctx = tl.load(ctx_ptr + b * stride_cb)
+    parts = (ctx + PART - 1) // PART
+    if s >= parts:
+        return
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pos = ctx - 1  # the new token's position; the pool holds positions [0, pos)
-    parts = (ctx + PART - 1) // PART
-    if s >= parts:
-        return
     dt = qkv_ptr.dtype.element_ty
     g = tl.arange(0, GROUP_PAD)
     heads = kvh * GROUP + g

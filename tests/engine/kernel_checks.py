@@ -149,6 +149,25 @@ def check_row_gemv() -> None:
                 sys.exit(1)
 
 
+def check_greedy() -> None:
+    from engine.kernels.greedy import GreedyPicks
+
+    torch.manual_seed(0)
+    for vocab in (256, 1000):  # whole chunks, and a last chunk partly past the vocabulary
+        picks = GreedyPicks(4, vocab, torch.device("cpu"), block=128)
+        logits = torch.randn(3, vocab) * 4
+        logits[1, [7, 250]] = 30.0  # a tie, in two chunks: the lower id wins
+        for _ in range(2):  # the last chunk must leave the counters at zero for the next
+            tokens, packed = picks(logits)
+        want = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits.double(), -1).gather(1, want[:, None])[:, 0]
+        err = float((packed[:, 1] - logprobs).abs().max())
+        print(f"greedy picks, vocabulary {vocab}: max error {err:.2e}")
+        ok = torch.equal(tokens, want) and torch.equal(packed[:, 0].long(), want)
+        if err > 1e-5 or not ok or picks.counters.any():
+            sys.exit(1)
+
+
 def check_rope_attention() -> None:
     from engine.kernels import fused
     from engine.kernels.paged_decode import PagedDecode
@@ -233,4 +252,5 @@ if __name__ == "__main__":
     check_fused()
     check_row_gemv()
     check_rope_attention()
+    check_greedy()
     check_row_decoder()

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from engine.batch import SeqInput
-from engine.cuda_graphs import StepAhead
+from engine.cuda_graphs import GraphOutputs, StepAhead
 
-AHEAD = StepAhead(["a"], [41], [[3, 7, 9]], torch.zeros(1, 10), tokens=[5])
+OUTPUTS = GraphOutputs(torch.zeros(1, 10), torch.zeros(1, dtype=torch.int64), torch.zeros(1, 2))
+AHEAD = StepAhead(["a"], [41], [[3, 7, 9]], OUTPUTS, tokens=[5])
 ASKED = SeqInput("a", [5], 41, [3, 7, 9])
 
 

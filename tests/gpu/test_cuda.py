@@ -128,8 +128,8 @@ def decode_logits(engine: Engine, ids: list[list[int]], steps: int) -> list[torc
     logits = []
     for step in range(steps):
         batch = [SeqInput(f"s{i}", [last[i]], len(p) + step, tables[i]) for i, p in enumerate(ids)]
-        graph = engine._graph_logits(batch, None)
-        row = graph if graph is not None else engine.model.logits(engine.forward(batch))
+        graph = engine._graph_outputs(batch, None)
+        row = graph.logits if graph is not None else engine.model.logits(engine.forward(batch))
         logits.append(row.float().cpu())
         last = row.argmax(-1).tolist()
     return logits
@@ -171,6 +171,31 @@ def test_row_gemv_matches_reference() -> None:
             assert y.dtype == torch.float32 and rel(y, x.float() @ w.float().t()) < 1e-3
 
 
+def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> None:
+    from engine.sampling import GREEDY, Sampler
+
+    engine = Engine.from_path(
+        default_model, "cuda", "bfloat16", 256 << 20, progress=False, max_num_seqs=8
+    )
+    ids = [prompt(n, engine.config.vocab_size) for n in (5, 40, 100)]
+    tables = [list(range(i * 16, i * 16 + 16)) for i in range(3)]
+    for n in (1, 3):  # the fused batch-1 graph, and a bucket of the model's modules
+        for i in range(n):
+            engine.step([SeqInput(f"s{i}", ids[i], 0, tables[i])])
+        batch = [SeqInput(f"s{i}", [7], len(ids[i]), tables[i]) for i in range(n)]
+        graph = engine._graph_outputs(batch, None)
+        assert graph is not None
+        want = Sampler()(graph.logits, [GREEDY] * n, [0] * n, [None] * n)
+        assert torch.equal(graph.tokens, want.token_ids)
+        assert torch.equal(graph.picks[:, 0].long(), want.token_ids)
+        assert torch.allclose(graph.picks[:, 1], want.logprobs.double(), atol=1e-5)
+        # Through step(): the same tokens, and the logprobs the sampler gives.
+        picked = engine.step(batch)
+        assert [o.token_id for o in picked] == want.token_ids.tolist()
+        assert [o.logprob for o in picked] == pytest.approx(want.logprobs.tolist(), abs=1e-5)
+        engine.release([f"s{i}" for i in range(n)])
+
+
 def test_batch1_graph_of_fused_row_kernels_is_as_close_to_fp32_as_eager(
     default_model: Path,
 ) -> None:
@@ -193,9 +218,9 @@ def test_batch1_graph_of_fused_row_kernels_is_as_close_to_fp32_as_eager(
         ours, theirs = [], []
         for i, token in enumerate(prompt(30, graphed.config.vocab_size)):
             batch = [SeqInput("s", [token], 40 + i, table)]
-            a = graphed._graph_logits(batch, None)
+            a = graphed._graph_outputs(batch, None)
             assert a is not None
-            got = a[0].float().cpu()
+            got = a.logits[0].float().cpu()
             eager_logits = eager.model.logits(eager.forward(batch))[0].float().cpu()
             want = cpu.model.logits(cpu.forward(batch))[0]
             ours.append(l2(got, want))
@@ -263,9 +288,9 @@ def test_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path)
         engine.step([SeqInput("s", ids, 0, table)])
     for i, token in enumerate(prompt(12, graphed.config.vocab_size)):
         batch = [SeqInput("s", [token], 100 + i, table)]
-        a = graphed._graph_logits(batch, None)
+        a = graphed._graph_outputs(batch, None)
         b = eager.model.logits(eager.forward(batch))
-        assert a is not None and l2(a, b) < 2e-2
+        assert a is not None and l2(a.logits, b) < 2e-2
 
 
 def test_random_8b_shaped_model_agrees_with_transformers(tandem_home: Path) -> None:
