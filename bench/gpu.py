@@ -416,6 +416,15 @@ def main() -> None:
             "tok/s",
             bandwidth / weight_bytes(int8),
         )
+        if int8.graphs is not None:
+            int8.graphs.use_row_kernels(False)
+            row(
+                "8B batch-1 decode",
+                "tandem engine int8, modules",
+                batch1_decode(int8, 512, steps),
+                "tok/s",
+                bandwidth / weight_bytes(int8),
+            )
         del int8
         free()
 

@@ -81,6 +81,13 @@ class DecodeGraphs:
         for size in reversed(self.buckets):  # largest first, so smaller ones reuse its memory
             self.graphs[size] = self._capture(size, pool)
 
+    def use_row_kernels(self, on: bool) -> None:
+        """Recapture the batch-1 graph with (where the weights allow) or without the fused row
+        kernels; benchmarks compare the two."""
+        self.row = RowDecoder(self.model, self.kv) if on and RowDecoder.fits(self.model) else None
+        if 1 in self.graphs:
+            self.graphs[1] = self._capture(1, torch.cuda.graph_pool_handle())
+
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 

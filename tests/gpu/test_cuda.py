@@ -169,6 +169,16 @@ def test_row_gemv_matches_reference() -> None:
             assert rel(y, act.float() @ w.float().t()) < 1e-2
             y, _ = row_gemv(x, w, out_dtype=torch.float32, pdl=pdl)
             assert y.dtype == torch.float32 and rel(y, x.float() @ w.float().t()) < 1e-3
+            # Int8 weights, a scale per row (the byte permute in inline PTX, on the GPU only).
+            q = torch.randint(-128, 128, (n, k), device=CUDA, dtype=torch.int8)
+            scale = torch.rand(n, **bf16) + 0.5
+            wq = q.float() * scale.float()[:, None]
+            y, _ = row_gemv(x, q, scale, prologue=ADD_NORM, residual=res, norm_weight=g,
+                            eps=1e-5, pdl=pdl)  # fmt: skip
+            assert rel(y, normed.float() @ wq.t()) < 1e-2
+            y, _ = row_gemv(gate_up, q, scale, prologue=SILU_MUL, out_dtype=torch.float32,
+                            pdl=pdl)  # fmt: skip
+            assert rel(y, act.float() @ wq.t()) < 1e-3
 
 
 def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> None:
@@ -202,13 +212,13 @@ def test_batch1_graph_of_fused_row_kernels_is_as_close_to_fp32_as_eager(
     cpu = Engine.from_path(
         default_model, "cpu", "float32", 64 << 20, progress=False, quantize="none"
     )
-    for quantize in ("auto", "int8"):  # int8 weights keep the model's modules in the graph
+    for quantize in ("auto", "int8"):  # both through the fused row kernels
         graphed = Engine.from_path(
             default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=1,
             quantize=quantize,
         )  # fmt: skip
         assert graphed.graphs is not None
-        assert (graphed.graphs.row is None) == (quantize == "int8")
+        assert graphed.graphs.row is not None
         eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
         table = list(range(8))
         for engine in (graphed, eager, cpu):
