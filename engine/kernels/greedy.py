@@ -44,6 +44,8 @@ def _greedy(
         sums = tl.load(sum_ptr + every, mask=cm, other=0.0, cache_modifier=".cg")
         top = tl.max(ms, 0)
         token = tl.min(tl.where(ms == top, args, vocab), 0)  # chunks hold ids in order
+        # NaN logits match no maximum: still a token id (the next step embeds it).
+        token = tl.minimum(token, vocab - 1)
         total = tl.sum(tl.where(cm, sums * tl.exp(ms - top), 0.0), 0)
         tl.store(tokens_ptr + row, token.to(tl.int64))
         tl.store(picks_ptr + 2 * row, token.to(tl.float64))
