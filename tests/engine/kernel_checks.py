@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 
 import torch
 
@@ -182,12 +181,6 @@ def check_greedy() -> None:
         ok = torch.equal(tokens, want) and torch.equal(packed[:, 0].long(), want)
         if err > 1e-5 or not ok or picks.counters.any():
             sys.exit(1)
-    # A row of NaNs (broken weights) still picks a token id: the next step embeds it.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's, on the NaNs
-        tokens, _ = picks(torch.full((2, 1000), float("nan")))
-    if not 0 <= int(tokens.min()) <= int(tokens.max()) < 1000 or picks.counters.any():
-        sys.exit(1)
 
 
 def check_rope_attention() -> None:
