@@ -206,6 +206,16 @@ def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> Non
         engine.release([f"s{i}" for i in range(n)])
 
 
+def test_greedy_picks_of_nan_logits_are_still_token_ids() -> None:
+    from engine.kernels.greedy import GreedyPicks
+
+    # Broken weights give NaN logits: the pick must still be an id the next step can embed.
+    picks = GreedyPicks(2, 128256, CUDA)
+    tokens, _ = picks(torch.full((2, 128256), float("nan"), device=CUDA))
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < 128256
+    assert not picks.counters.any()
+
+
 def test_batch1_graph_of_fused_row_kernels_is_as_close_to_fp32_as_eager(
     default_model: Path,
 ) -> None:
