@@ -199,7 +199,9 @@ class Engine:
             packed, tokens, n_top = graphed.picks, graphed.tokens, 0
         else:
             if graphed is not None:
-                logits = graphed.logits.index_select(0, torch.tensor(sampled, device=self.device))
+                logits = graphed.logits
+                if len(sampled) < len(batch):  # only the rows that sample
+                    logits = logits.index_select(0, torch.tensor(sampled, device=self.device))
             else:
                 assert hidden is not None
                 ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
