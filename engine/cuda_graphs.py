@@ -71,7 +71,7 @@ class DecodeGraphs:
             device,
         )
         # The batch-1 bucket through fused kernels where the model's weights allow.
-        self.row = RowDecoder(model, kv) if RowDecoder.fits(model) else None
+        self.row = RowDecoder.for_model(model, kv)
         self.greedy = GreedyPicks(biggest, config.vocab_size, device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, GraphOutputs]] = {}
         for host in self.hosts:
@@ -84,7 +84,7 @@ class DecodeGraphs:
     def use_row_kernels(self, on: bool) -> None:
         """Recapture the batch-1 graph with (where the weights allow) or without the fused row
         kernels; benchmarks compare the two."""
-        self.row = RowDecoder(self.model, self.kv) if on and RowDecoder.fits(self.model) else None
+        self.row = RowDecoder.for_model(self.model, self.kv) if on else None
         if 1 in self.graphs:
             self.graphs[1] = self._capture(1, torch.cuda.graph_pool_handle())
 

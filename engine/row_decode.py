@@ -50,6 +50,11 @@ class RowDecoder:
         # Programmatic dependent launch needs Hopper or later.
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
+    @classmethod
+    def for_model(cls, model: Transformer, kv: KVCache) -> RowDecoder | None:
+        """A decoder for `model`, where its weights allow one (`fits`); else None."""
+        return cls(model, kv) if cls.fits(model) else None
+
     @staticmethod
     def fits(model: Transformer) -> bool:
         """A bf16/fp16 model on CUDA whose projections are plain weights, or weight-only int8
