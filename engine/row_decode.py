@@ -4,11 +4,11 @@ A one-row step reads every weight once and little else, so its time is the weigh
 the memory's bandwidth plus whatever leaves the memory idle: launches, and small kernels between
 the products. Here a layer is
 
-    QKV ← add + RMSNorm, fused in front       (engine/kernels/row_gemv.py)
+    QKV ← RMSNorm, fused in front              (engine/kernels/row_gemv.py)
     RoPE, K/V store, attention, merge          (engine/kernels/rope_attention.py)
-    O
-    gate/up ← add + RMSNorm, fused in front
-    down ← SiLU·up, fused in front
+    O → residual add, fused behind
+    gate/up ← RMSNorm in front, SiLU·up behind
+    down → residual add
 
 and the final norm rides in front of the output head. On Hopper every launch is a programmatic
 dependent launch, so a product's weights stream in while the kernel before it finishes.
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from engine.kernels.rope_attention import RopeAttention
-from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
+from engine.kernels.row_gemv import NORM, RESIDUAL, SWIGLU, row_gemv
 from engine.kv_cache import KVCache
 from engine.model import Transformer
 from engine.quant import Int8Linear
@@ -85,26 +85,31 @@ class RowDecoder:
         """token, slot, context_len: (1,); table: (1, max_blocks). Returns (1, vocab) fp32
         logits; the new token's K/V are in the pool."""
         model, pdl, eps = self.model, self.pdl, self.eps
-        x = model.tok_embeddings(token)  # (1, dim)
-        residual: torch.Tensor | None = None
+        stream = model.tok_embeddings(token)  # (1, dim)
+        squares = None  # the stream's partial sums of squares, from the product that wrote it
         for i, block in enumerate(model.blocks()):
             attention, ffn = block.attention, block.feed_forward
-            qkv, residual = row_gemv(
-                x, *_weights(attention.wqkv), prologue=ADD_NORM, residual=residual,
+            qkv, _ = row_gemv(
+                stream, *_weights(attention.wqkv), prologue=NORM, squares=squares,
                 norm_weight=block.attention_norm.weight, eps=eps, pdl=pdl,
             )  # fmt: skip
             heads = self.attention(
                 qkv.view(1, *self.shape), model.inv_freq, self.kv.layer(i), table,
                 context_len, slot, pdl=pdl,
             )  # fmt: skip
-            o, _ = row_gemv(heads.view(1, -1), *_weights(attention.wo), pdl=pdl)
-            gate_up, residual = row_gemv(
-                o, *_weights(ffn.w13), prologue=ADD_NORM, residual=residual,
-                norm_weight=block.ffn_norm.weight, eps=eps, pdl=pdl,
+            stream, squares = row_gemv(
+                heads.view(1, -1), *_weights(attention.wo), epilogue=RESIDUAL, residual=stream,
+                pdl=pdl,
             )  # fmt: skip
-            x, _ = row_gemv(gate_up, *_weights(ffn.w2), prologue=SILU_MUL, pdl=pdl)
+            hidden, _ = row_gemv(
+                stream, *_weights(ffn.w13), prologue=NORM, squares=squares,
+                norm_weight=block.ffn_norm.weight, eps=eps, epilogue=SWIGLU, pdl=pdl,
+            )  # fmt: skip
+            stream, squares = row_gemv(
+                hidden, *_weights(ffn.w2), epilogue=RESIDUAL, residual=stream, pdl=pdl
+            )
         logits, _ = row_gemv(
-            x, *_weights(model.output), prologue=ADD_NORM, residual=residual,
+            stream, *_weights(model.output), prologue=NORM, squares=squares,
             norm_weight=model.norm.weight, eps=eps, out_dtype=torch.float32, pdl=pdl,
         )  # fmt: skip
         return logits

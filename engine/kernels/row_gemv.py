@@ -1,14 +1,23 @@
-"""Matrix-vector products for one-row decode steps (Triton), with their input's producer fused in
-front: y = W @ prologue(x), W in the activations' dtype (bf16/fp16) or int8 with a scale per row.
+"""Matrix-vector products for one-row decode steps (Triton), with the small operations between
+them fused into their two ends: y = W @ prologue(x), W in the activations' dtype (bf16/fp16) or
+int8 with a scale per row, and an epilogue that writes what the next product needs.
 
 At batch 1 a decode step is a chain of matrix-vector products whose bytes are all weights, and
 between them small operations (residual add + RMSNorm, SiLU·up) that cost a launch each and
-leave the memory idle. Here each product computes its own input: silu(gate) * up, or the add +
-norm (every program first sums the row's squares, 2 × dim elements from L2, and program 0
-writes the new residual stream). Rounding follows engine/kernels/fused.py step by step, so the
-products see the very activations the unfused path would. (A version that saved the first pass,
-summing squares along the product and scaling its result by rstd at the end, measured slower on
-an H200.)
+leave the memory idle. Here a layer is four products:
+
+    QKV      prologue NORM: rms_norm(stream) * g
+    O        epilogue RESIDUAL: the new stream, stream + y, and its sum of squares
+    gate/up  prologue NORM; epilogue SWIGLU: each program computes a gate row and its up row
+             together and writes silu(gate) * up
+    down     epilogue RESIDUAL
+
+RESIDUAL writes one partial sum of squares a program; NORM sums those (a few KB, from L2) for
+its rstd, so no program reads the whole stream twice, and SWIGLU leaves down a plain input: no
+program recomputes SiLU over 14,336 inputs. (The first NORM of a step, on the embedding, sums
+the squares itself.) Rounding follows model.py step by step (each product's output, the
+stream, the normed input and silu(gate) * up are rounded to the model's dtype), so the products
+see the very activations the unfused path would.
 
 Launched with programmatic dependent launch (Hopper): a product's programs may start while the
 previous kernel finishes, fetch their first weight tile (weights never depend on it), and only
@@ -20,10 +29,11 @@ both measured slower on an H200): one byte permute places each byte u = q + 128 
 flipped) as the second byte of 1.0's bits, the float 1 + u / 2**15, which multiplies the input
 directly. Since Σ (1 + u / 2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15, the kernel also sums the
 inputs and recovers Σ q a at the end, then applies the row's scale. The cancellation costs
-precision: 1e-4 relative to the largest output or less, against bf16's 4e-3 rounding. Even so the
-arithmetic, not the memory, sets the pace for int8: 2.2-3.9 TB/s of int8 weights at the
-LLaMA-3-8B shapes. (Triton's CPU interpreter cannot run the inline PTX; there shifts and masks
-build the same bits.)
+precision: 1e-4 relative to the largest output or less, against bf16's 4e-3 rounding. 1.0's
+bits arrive as a kernel argument: as a literal, ptxas makes it the permute's immediate operand
+and rebuilds the byte selector in a register before every permute, a quarter more instructions
+in the loop. (Triton's CPU interpreter cannot run the inline PTX; there shifts and masks build
+the same bits.)
 """
 
 from __future__ import annotations
@@ -32,37 +42,71 @@ import torch
 import triton
 import triton.language as tl
 
-PLAIN, ADD_NORM, SILU_MUL = 0, 1, 2
+PLAIN, NORM = 0, 1  # the input: x, or rms_norm(x) * norm_weight
+STORE, RESIDUAL, SWIGLU = 0, 1, 2  # the output: y; residual + y; silu(gate) * up
 _SIGN_BITS: tl.constexpr = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: sign bits
-_ONE: tl.constexpr = tl.constexpr(0x3F800000)  # the float 1.0; its two low bytes are zero
+_ONE = 0x3F800000  # the float 1.0; its two low bytes are zero
+# Byte BYTE of the word, between 1.0's bytes (0x00 u 0x80 0x3F from the low end).
+_PERMUTES: tl.constexpr = tl.constexpr(
+    tuple(f"prmt.b32 $0, $1, $2, {0x7604 + 16 * byte:#x};" for byte in range(4))
+)
 
 
 @triton.jit
-def _activation(
-    x_ptr, res_ptr, g_ptr, kk, km, rstd, K: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
-):  # fmt: skip
+def _within(i, n, EVEN: tl.constexpr):
+    """i < n; where the tiles divide the product evenly, a constant the loads drop (unmasked
+    tiles skip zeroing their registers and the comparisons)."""
+    if EVEN:
+        return tl.full(i.shape, 1, tl.int1)
+    return i < n
+
+
+@triton.jit
+def _activation(x_ptr, g_ptr, kk, km, rstd, PROLOGUE: tl.constexpr):
     """The input chunk x[kk] after the prologue, in fp32."""
-    dt = x_ptr.dtype.element_ty
-    if PROLOGUE == 1:  # ADD_NORM
-        s = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        if HAS_RES:
-            s += tl.load(res_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        normed = (s.to(dt).to(tl.float32) * rstd).to(dt)
-        a = normed * tl.load(g_ptr + kk, mask=km, other=0.0)
-    elif PROLOGUE == 2:  # SILU_MUL: x holds gate then up, K each
-        gate = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + K + kk, mask=km, other=0.0).to(tl.float32)
-        a = (gate / (1.0 + tl.exp(-gate)) * up).to(dt)
+    if PROLOGUE == 1:  # NORM
+        x = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
+        a = (x * rstd).to(x_ptr.dtype.element_ty) * tl.load(g_ptr + kk, mask=km, other=0.0)
     else:
         a = tl.load(x_ptr + kk, mask=km, other=0.0)
     return a.to(tl.float32)
 
 
 @triton.jit
+def _rstd(x_ptr, sq_ptr, eps, K: tl.constexpr, N_SQ: tl.constexpr, BK: tl.constexpr):
+    """1 / rms(x): from the N_SQ partial sums of squares at sq_ptr, or from x itself."""
+    if N_SQ > 0:
+        i = tl.arange(0, BK)
+        total = tl.sum(tl.load(sq_ptr + i, mask=i < N_SQ, other=0.0), 0)
+        for i0 in range(BK, N_SQ, BK):
+            total += tl.sum(tl.load(sq_ptr + i0 + i, mask=i0 + i < N_SQ, other=0.0), 0)
+    else:
+        rk = tl.arange(0, BK)
+        squares = tl.zeros([BK], tl.float32)
+        for k0 in range(0, K, BK):
+            xs = tl.load(x_ptr + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+            squares += xs * xs
+        total = tl.sum(squares, 0)
+    return 1.0 / tl.sqrt(total / K + eps)
+
+
+@triton.jit
+def _one_plus(flipped, one, BYTE: tl.constexpr, ASM: tl.constexpr):
+    """The float 1 + u / 2**15 for byte BYTE (u) of each word: u as the second byte of 1.0."""
+    if ASM:  # one byte permute: 1.0's 0x00, u, then 1.0's 0x80 and 0x3F
+        bits = tl.inline_asm_elementwise(
+            _PERMUTES[BYTE], "=r,r,r", [flipped, tl.full(flipped.shape, one, tl.int32)],
+            dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        bits = (((flipped >> (8 * BYTE)) & 0xFF) << 8) | one
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _int8_product(
-    acc, sums, words, x_ptr, res_ptr, g_ptr, k0, rstd, K: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
+    acc, sums, words, one, x_ptr, g_ptr, k0, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr,
+    BK: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """acc + Σ over each word's four weights of (1 + (q + 128) / 2**15) * a, for the
     (BN, BK / 4) words of int8 weights at k0; sums + the inputs, four by four."""
@@ -70,70 +114,53 @@ def _int8_product(
     flipped = words ^ _SIGN_BITS  # each byte now u = q + 128, in [1, 255]
     for byte in tl.static_range(4):
         kk = k0 + 4 * cols + byte
-        a = _activation(x_ptr, res_ptr, g_ptr, kk, kk < K, rstd, K, PROLOGUE, HAS_RES)
-        # The float 1 + u / 2**15: the byte u as the second byte of 1.0's bits.
-        if ASM:  # one byte permute: 0x00, u, then 1.0's 0x80 and 0x3F
-            bits = tl.inline_asm_elementwise(
-                "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                [flipped, tl.full(words.shape, _ONE, tl.int32),
-                 tl.full(words.shape, 0x7604 + 16 * byte, tl.int32)],
-                dtype=tl.int32, is_pure=True, pack=1,
-            )  # fmt: skip
-        else:
-            bits = (((flipped >> (8 * byte)) & 0xFF) << 8) | _ONE
-        acc += bits.to(tl.float32, bitcast=True) * a[None, :]
+        a = _activation(x_ptr, g_ptr, kk, _within(kk, K, EVEN), rstd, PROLOGUE)
+        acc += _one_plus(flipped, one, byte, ASM) * a[None, :]
         sums += a
     return acc, sums
 
 
 @triton.jit
 def _row_gemv(
-    x_ptr, res_ptr, g_ptr, w_ptr, s_ptr, out_ptr, res_out_ptr, N, eps,
-    K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, INT8: tl.constexpr, ASM: tl.constexpr,
-    PDL: tl.constexpr,
+    x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, N, eps, one,
+    K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr, EPILOGUE: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, INT8: tl.constexpr,
+    ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    rn = pid * BN + tl.arange(0, BN)
-    nmask = rn < N
+    t = tl.arange(0, BN)
+    if EPILOGUE == 2:  # SWIGLU: N gate rows then N up rows; tile rows alternate gate, up
+        hn = pid * (BN // 2) + t // 2
+        rn = hn + (t % 2) * N
+        nmask = _within(hn, N, EVEN)
+    else:
+        rn = pid * BN + t
+        nmask = _within(rn, N, EVEN)
     # A row of w is K weights, or K / 4 words of four int8 weights; a tile BK weights wide.
     PER: tl.constexpr = 4 if INT8 else 1
     KW: tl.constexpr = K // PER
     cols = tl.arange(0, BK // PER)
     rows = w_ptr + rn.to(tl.int64)[:, None] * KW
-    first = tl.load(rows + cols[None, :], mask=nmask[:, None] & (cols[None, :] < KW), other=0)
+    first = tl.load(rows + cols[None, :], mask=nmask[:, None] & _within(cols, KW, EVEN)[None, :],
+                    other=0)  # fmt: skip
     if PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's outputs are complete from here on
         tl.extra.cuda.gdc_launch_dependents()
     rstd = 1.0
     if PROLOGUE == 1:
-        rk = tl.arange(0, BK)
-        squares = tl.zeros([BK], tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + rk
-            km = kk < K
-            s = tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32)
-            if HAS_RES:
-                s += tl.load(res_ptr + kk, mask=km, other=0.0).to(tl.float32)
-            # The stream is kept in the model's dtype, and normalised as stored.
-            stream = s.to(x_ptr.dtype.element_ty)
-            if HAS_RES:  # noqa: SIM102 (a compile-time test, then a run-time one)
-                if pid == 0:  # one program writes the new stream
-                    tl.store(res_out_ptr + kk, stream, mask=km)
-            sf = stream.to(tl.float32)
-            squares += sf * sf
-        rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / K + eps)
+        rstd = _rstd(x_ptr, sq_ptr, eps, K, N_SQ, BK)
     if INT8:
         acc = tl.zeros([BN, BK // 4], tl.float32)  # summed over the tile's width at the end
         sums = tl.zeros([BK // 4], tl.float32)
         acc, sums = _int8_product(
-            acc, sums, first, x_ptr, res_ptr, g_ptr, 0, rstd, K, PROLOGUE, HAS_RES, BK, ASM
+            acc, sums, first, one, x_ptr, g_ptr, 0, rstd, K, PROLOGUE, BK, EVEN, ASM
         )
         for k0 in range(BK, K, BK):
             wk = k0 // 4 + cols
-            w = tl.load(rows + wk[None, :], mask=nmask[:, None] & (wk[None, :] < KW), other=0)
+            wm = nmask[:, None] & _within(wk, KW, EVEN)[None, :]
+            w = tl.load(rows + wk[None, :], mask=wm, other=0)
             acc, sums = _int8_product(
-                acc, sums, w, x_ptr, res_ptr, g_ptr, k0, rstd, K, PROLOGUE, HAS_RES, BK, ASM
+                acc, sums, w, one, x_ptr, g_ptr, k0, rstd, K, PROLOGUE, BK, EVEN, ASM
             )
         # Σ (1 + u/2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15: Σ q a is what follows.
         total = tl.sum(sums, 0)
@@ -141,16 +168,29 @@ def _row_gemv(
         y *= tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
     else:
         rk = tl.arange(0, BK)
-        a = _activation(x_ptr, res_ptr, g_ptr, rk, rk < K, rstd, K, PROLOGUE, HAS_RES)
+        a = _activation(x_ptr, g_ptr, rk, _within(rk, K, EVEN), rstd, PROLOGUE)
         acc = first.to(tl.float32) * a[None, :]  # (BN, BK), summed over K once at the end
         for k0 in range(BK, K, BK):
             kk = k0 + rk
-            km = kk < K
+            km = _within(kk, K, EVEN)
             w = tl.load(rows + kk[None, :], mask=nmask[:, None] & km[None, :], other=0)
-            a = _activation(x_ptr, res_ptr, g_ptr, kk, km, rstd, K, PROLOGUE, HAS_RES)
+            a = _activation(x_ptr, g_ptr, kk, km, rstd, PROLOGUE)
             acc += w.to(tl.float32) * a[None, :]
         y = tl.sum(acc, 1)
-    tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    dt = out_ptr.dtype.element_ty
+    if EPILOGUE == 1:  # RESIDUAL: the product rounded, added to the stream, rounded again
+        s = y.to(dt).to(tl.float32) + tl.load(res_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        stream = s.to(dt)
+        tl.store(out_ptr + rn, stream, mask=nmask)
+        sf = stream.to(tl.float32)
+        tl.store(sq_out_ptr + pid, tl.sum(sf * sf, 0))
+    elif EPILOGUE == 2:  # SWIGLU
+        gate, up = tl.split(tl.reshape(y.to(dt).to(tl.float32), [BN // 2, 2]))
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        hn = pid * (BN // 2) + tl.arange(0, BN // 2)
+        tl.store(out_ptr + hn, h.to(dt), mask=hn < N)
+    else:
+        tl.store(out_ptr + rn, y.to(dt), mask=nmask)
 
 
 def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
@@ -159,11 +199,11 @@ def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
     bf16: 4 rows a program, 8 warps, and wide loads (4,096 inputs; 2,048 for the 4,096-row
     products, whose 1,024 programs are few enough already) keep enough bytes in flight. Int8,
     whose widening is arithmetic: more rows a program share each input, with 4 warps and
-    narrower loads; the best of 10 tiles for each shape."""
+    narrower loads; the best of 8 tiles for each shape."""
     if weight_bytes == 1:
         if k > 4096:
-            return 8, 2048, 8
-        return (32, 512, 4) if n > 65536 else (16, 1024, 4)
+            return 8, 2048, 4
+        return (32, 512, 4) if n > 8192 else (16, 1024, 4)
     return 4, min(2048 if n <= 4096 else 4096, triton.next_power_of_2(k)), 8
 
 
@@ -173,36 +213,47 @@ def row_gemv(
     scale: torch.Tensor | None = None,
     *,
     prologue: int = PLAIN,
-    residual: torch.Tensor | None = None,
     norm_weight: torch.Tensor | None = None,
+    squares: torch.Tensor | None = None,
     eps: float = 0.0,
+    epilogue: int = STORE,
+    residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
     tile: tuple[int, int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """y = weight @ prologue(x) for one row x, and the residual stream after the prologue.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y = weight @ prologue(x) for one row x (1, K), through an epilogue.
 
-    x: (1, K), or (1, 2K) gate then up for SILU_MUL; weight: (N, K) in x's dtype, or int8 with
-    `scale` (N,) (w = q * scale per row; K a multiple of 4). ADD_NORM: the input is
-    rms_norm(x + residual) * norm_weight (residual may be None), and the second result is
-    x + residual; otherwise the second result is x. Returns ((1, N) in out_dtype, default x's
-    dtype; the stream (1, K))."""
+    weight: (N, K) in x's dtype, or int8 with `scale` (N,) (w = q * scale per row; K a multiple
+    of 4). Prologue NORM: the input is rms_norm(x) * norm_weight, x's sum of squares being the
+    sum of `squares` (RESIDUAL's partial sums) where given. Epilogues: STORE returns (y, None),
+    y (1, N) in out_dtype (default x's dtype); RESIDUAL returns (residual + y, its partial sums
+    of squares), residual (1, N); SWIGLU, weight gate rows then up rows (2F, K), returns
+    (silu(gate) * up (1, F), None)."""
     n, k = weight.shape
-    assert x.shape[0] == 1 and x.is_contiguous() and weight.is_contiguous()
+    assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
     int8 = scale is not None
     assert weight.dtype == (torch.int8 if int8 else x.dtype)
-    assert x.shape[1] == (2 * k if prologue == SILU_MUL else k)
-    has_res = prologue == ADD_NORM and residual is not None
-    out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
-    stream = torch.empty_like(x) if has_res else x
+    assert (prologue == NORM) == (norm_weight is not None)
+    assert (epilogue == RESIDUAL) == (residual is not None)
     bn, bk, warps = tile or _tile(n, k, weight.element_size())
+    if epilogue == SWIGLU:
+        assert n % 2 == 0 and bn % 2 == 0
+        n //= 2
+    rows = bn // 2 if epilogue == SWIGLU else bn  # of the output, a program
+    programs = triton.cdiv(n, rows)
+    dtype = x.dtype if epilogue == RESIDUAL else out_dtype or x.dtype
+    out = torch.empty((1, n), dtype=dtype, device=x.device)
+    sq_out = torch.empty(programs if epilogue == RESIDUAL else 1, dtype=torch.float32,
+                         device=x.device)  # fmt: skip
     if int8:
         assert k % 4 == 0 and bk % 4 == 0
         weight = weight.view(torch.int32)  # words of four weights, read 32 bits at a time
-    _row_gemv[(triton.cdiv(n, bn),)](
-        x, residual if has_res else x, norm_weight if norm_weight is not None else x,
-        weight, scale if int8 else x, out, stream, n, eps, K=k, PROLOGUE=prologue,
-        HAS_RES=has_res, BN=bn, BK=bk, INT8=int8, ASM=x.is_cuda, PDL=pdl,
-        num_warps=warps, launch_pdl=pdl,
+    _row_gemv[(programs,)](
+        x, x if norm_weight is None else norm_weight, sq_out if squares is None else squares,
+        weight, x if scale is None else scale, x if residual is None else residual, out, sq_out,
+        n, eps, _ONE, K=k, PROLOGUE=prologue, N_SQ=0 if squares is None else squares.numel(),
+        EPILOGUE=epilogue, BN=bn, BK=bk, EVEN=n % rows == 0 and k % bk == 0, INT8=int8,
+        ASM=x.is_cuda, PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
-    return out, stream
+    return out, sq_out if epilogue == RESIDUAL else None

@@ -116,47 +116,60 @@ def check_fused() -> None:
 def check_row_gemv() -> None:
     import torch.nn.functional as F
 
-    from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
+    from engine.kernels.row_gemv import NORM, RESIDUAL, SWIGLU, row_gemv
 
     torch.manual_seed(0)
-    for n, k in [(40, 96), (33, 600)]:  # K a multiple of the tile's width, and not
-        x, res, g, w = torch.randn(1, k), torch.randn(1, k), torch.randn(k), torch.randn(n, k)
-        tile = (8, 64, 4)
-        gate_up = torch.randn(1, 2 * k)
-        normed = F.rms_norm(x + res, (k,), g, 1e-5)
+    # Tiles that divide the product evenly (unmasked loads), and tiles that do not.
+    # The last: more partial sums of squares (80) than a tile is wide (32).
+    shapes = [(40, 96, (8, 64, 4)), (32, 128, (8, 64, 4)), (33, 600, (8, 64, 4)),
+              (160, 64, (2, 32, 4))]  # fmt: skip
+    for n, k, tile in shapes:
+        x, res, g, w = torch.randn(1, k), torch.randn(1, n), torch.randn(k), torch.randn(n, k)
+        gate_up_w, w_next, g_next = torch.randn(2 * n, k), torch.randn(24, n), torch.randn(n)
+        y = x @ w.t()
+        gate_up = x @ gate_up_w.t()
+        stream, squares = row_gemv(x, w, epilogue=RESIDUAL, residual=res, tile=tile)
+        assert squares is not None
         cases = {
-            "plain": (row_gemv(x, w, tile=tile)[0], x @ w.t()),
-            "add + norm": (
-                row_gemv(x, w, prologue=ADD_NORM, residual=res, norm_weight=g, eps=1e-5,
-                         tile=tile)[0],
-                normed @ w.t(),
-            ),
+            "plain": (row_gemv(x, w, tile=tile)[0], y),
+            "residual": (stream, res + y),
+            "sum of squares": (squares.sum(), (res + y).square().sum()),
             "norm": (
-                row_gemv(x, w, prologue=ADD_NORM, norm_weight=g, eps=1e-5, tile=tile)[0],
+                row_gemv(x, w, prologue=NORM, norm_weight=g, eps=1e-5, tile=tile)[0],
                 F.rms_norm(x, (k,), g, 1e-5) @ w.t(),
             ),
+            "norm from partial squares": (
+                row_gemv(stream, w_next, prologue=NORM, squares=squares, norm_weight=g_next,
+                         eps=1e-5, tile=tile)[0],
+                F.rms_norm(res + y, (n,), g_next, 1e-5) @ w_next.t(),
+            ),
             "silu * up": (
-                row_gemv(gate_up, w, prologue=SILU_MUL, tile=tile)[0],
-                (F.silu(gate_up[:, :k]) * gate_up[:, k:]) @ w.t(),
+                row_gemv(x, gate_up_w, epilogue=SWIGLU, tile=tile)[0],
+                F.silu(gate_up[:, :n]) * gate_up[:, n:],
             ),
         }  # fmt: skip
-        stream = row_gemv(x, w, prologue=ADD_NORM, residual=res, norm_weight=g, tile=tile)[1]
-        cases["residual stream"] = (stream, x + res)
         # Int8 weights, every byte value included, a scale per row. Their products lose some
         # precision by design (row_gemv.py): ~4e-5 of the largest output.
-        q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+        q = torch.randint(-128, 128, (2 * n, k), dtype=torch.int8)
         q.view(-1)[:256] = torch.arange(-128, 128, dtype=torch.int8)
-        scale = torch.rand(n) + 0.5
+        scale = torch.rand(2 * n) + 0.5
         wq = q.float() * scale[:, None]
-        cases["int8 add + norm"] = (
-            row_gemv(x, q, scale, prologue=ADD_NORM, residual=res, norm_weight=g, eps=1e-5,
-                     tile=tile)[0],
+        normed = F.rms_norm(x, (k,), g, 1e-5)
+        cases["int8 norm"] = (
+            row_gemv(x, q, scale, prologue=NORM, norm_weight=g, eps=1e-5, tile=tile)[0],
             normed @ wq.t(),
-        )  # fmt: skip
-        cases["int8 silu * up"] = (
-            row_gemv(gate_up, q, scale, prologue=SILU_MUL, tile=tile)[0],
-            (F.silu(gate_up[:, :k]) * gate_up[:, k:]) @ wq.t(),
         )
+        int8_gate_up = normed @ wq.t()
+        cases["int8 norm, silu * up"] = (
+            row_gemv(x, q, scale, prologue=NORM, norm_weight=g, eps=1e-5, epilogue=SWIGLU,
+                     tile=tile)[0],
+            F.silu(int8_gate_up[:, :n]) * int8_gate_up[:, n:],
+        )  # fmt: skip
+        cases["int8 residual"] = (
+            row_gemv(x, q[:n].contiguous(), scale[:n].contiguous(), epilogue=RESIDUAL,
+                     residual=res, tile=tile)[0],
+            res + x @ wq[:n].t(),
+        )  # fmt: skip
         for name, (got, want) in cases.items():
             rel = float((got - want).abs().max()) / float(want.abs().max())
             print(f"row gemv {name} {n}x{k}: relative error {rel:.2e}")

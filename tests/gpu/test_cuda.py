@@ -150,35 +150,42 @@ def test_cuda_graph_replay_equals_eager(default_model: Path) -> None:
 def test_row_gemv_matches_reference() -> None:
     import torch.nn.functional as F
 
-    from engine.kernels.row_gemv import ADD_NORM, SILU_MUL, row_gemv
+    from engine.kernels.row_gemv import NORM, RESIDUAL, SWIGLU, row_gemv
 
     torch.manual_seed(0)
     bf16 = dict(device=CUDA, dtype=torch.bfloat16)
     for n, k in [(4096, 4096), (6144, 4096), (4096, 14336), (1000, 576)]:
-        x, res, g = torch.randn(1, k, **bf16), torch.randn(1, k, **bf16), torch.randn(k, **bf16)
-        w, gate_up = torch.randn(n, k, **bf16), torch.randn(1, 2 * k, **bf16)
-        summed = (x.float() + res.float()).to(torch.bfloat16)
-        normed = F.rms_norm(summed.float(), (k,), None, 1e-5).to(torch.bfloat16) * g
-        act = (F.silu(gate_up[:, :k].float()) * gate_up[:, k:].float()).to(torch.bfloat16)
+        x, res, g = torch.randn(1, k, **bf16), torch.randn(1, n, **bf16), torch.randn(k, **bf16)
+        w, gate_up_w = torch.randn(n, k, **bf16), torch.randn(2 * n, k, **bf16)
+        normed = F.rms_norm(x.float(), (k,), None, 1e-5).to(torch.bfloat16) * g
+        gate_up = (normed.float() @ gate_up_w.float().t()).to(torch.bfloat16).float()
+        swiglu = F.silu(gate_up[:, :n]) * gate_up[:, n:]
+        y_ref = (x.float() @ w.float().t()).to(torch.bfloat16)
         for pdl in (False, True):
-            y, stream = row_gemv(x, w, prologue=ADD_NORM, residual=res, norm_weight=g, eps=1e-5,
-                                 pdl=pdl)  # fmt: skip
+            y, _ = row_gemv(x, w, prologue=NORM, norm_weight=g, eps=1e-5, pdl=pdl)
             assert rel(y, normed.float() @ w.float().t()) < 1e-2
-            assert torch.equal(stream, summed)
-            y, _ = row_gemv(gate_up, w, prologue=SILU_MUL, pdl=pdl)
-            assert rel(y, act.float() @ w.float().t()) < 1e-2
+            stream, squares = row_gemv(x, w, epilogue=RESIDUAL, residual=res, pdl=pdl)
+            assert rel(stream, y_ref.float() + res.float()) < 1e-2 and squares is not None
+            assert rel(squares.sum(), stream.float().square().sum()) < 1e-5
+            h, _ = row_gemv(x, gate_up_w, prologue=NORM, norm_weight=g, eps=1e-5,
+                            epilogue=SWIGLU, pdl=pdl)  # fmt: skip
+            assert rel(h, swiglu) < 2e-2
             y, _ = row_gemv(x, w, out_dtype=torch.float32, pdl=pdl)
             assert y.dtype == torch.float32 and rel(y, x.float() @ w.float().t()) < 1e-3
             # Int8 weights, a scale per row (the byte permute in inline PTX, on the GPU only).
-            q = torch.randint(-128, 128, (n, k), device=CUDA, dtype=torch.int8)
-            scale = torch.rand(n, **bf16) + 0.5
+            q = torch.randint(-128, 128, (2 * n, k), device=CUDA, dtype=torch.int8)
+            scale = torch.rand(2 * n, **bf16) + 0.5
             wq = q.float() * scale.float()[:, None]
-            y, _ = row_gemv(x, q, scale, prologue=ADD_NORM, residual=res, norm_weight=g,
-                            eps=1e-5, pdl=pdl)  # fmt: skip
-            assert rel(y, normed.float() @ wq.t()) < 1e-2
-            y, _ = row_gemv(gate_up, q, scale, prologue=SILU_MUL, out_dtype=torch.float32,
+            y, _ = row_gemv(x, q, scale, prologue=NORM, norm_weight=g, eps=1e-5,
+                            out_dtype=torch.float32, pdl=pdl)  # fmt: skip
+            assert rel(y, normed.float() @ wq.t()) < 1e-3
+            h, _ = row_gemv(x, q, scale, prologue=NORM, norm_weight=g, eps=1e-5,
+                            epilogue=SWIGLU, pdl=pdl)  # fmt: skip
+            gate_up = (normed.float() @ wq.t()).to(torch.bfloat16).float()
+            assert rel(h, F.silu(gate_up[:, :n]) * gate_up[:, n:]) < 2e-2
+            y, _ = row_gemv(x, q[:n].contiguous(), scale[:n].contiguous(), out_dtype=torch.float32,
                             pdl=pdl)  # fmt: skip
-            assert rel(y, act.float() @ wq.t()) < 1e-3
+            assert rel(y, x.float() @ wq[:n].t()) < 1e-3
 
 
 def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> None:
