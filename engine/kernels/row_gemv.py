@@ -33,11 +33,11 @@ directly. Since Σ (1 + u / 2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15, the k
 inputs and recovers Σ q a at the end, then applies the row's scale. The cancellation costs
 precision: 1e-4 relative to the largest output or less, against bf16's 4e-3 rounding. A permute
 and an FMA a weight keep int8 below the memory's pace (2.2-4.2 TB/s at the LLaMA-3-8B shapes on
-an H200; with the inputs' loads replaced by arithmetic, still 2.7-4.3). 1.0's
-bits arrive as a kernel argument: as a literal, ptxas makes it the permute's immediate operand
-and rebuilds the byte selector in a register before every permute, a quarter more instructions
-in the loop. (Triton's CPU interpreter cannot run the inline PTX; there shifts and masks build
-the same bits.)
+an H200; with the inputs' loads replaced by arithmetic, still 2.7-4.3). 1.0's bits arrive as a
+kernel argument: as a literal, ptxas makes it the permute's immediate operand and rebuilds the
+byte selector in a register before every permute, a quarter more instructions in the loop.
+(Triton's CPU interpreter cannot run the inline PTX; there shifts and masks build the same
+bits.)
 """
 
 from __future__ import annotations
