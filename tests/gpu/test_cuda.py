@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -14,6 +15,9 @@ import torch
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
+
+if TYPE_CHECKING:  # imports Triton
+    from engine.cuda_graphs import GraphOutputs
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -272,7 +276,7 @@ def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> 
     replays = 0
     plain_run = graphs.run
 
-    def counted(batch: list[SeqInput]) -> torch.Tensor:
+    def counted(batch: list[SeqInput]) -> GraphOutputs:
         nonlocal replays
         replays += 1
         return plain_run(batch)
