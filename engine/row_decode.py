@@ -10,7 +10,8 @@ the products. Here a layer is
     gate/up ← RMSNorm in front, SiLU·up behind
     down → residual add
 
-and the final norm rides in front of the output head. On Hopper every launch is a programmatic
+and the final norm rides in front of the output head. With int8 weights, gate/up and the head
+run on the tensor cores (engine/kernels/row_gemv_tc.py) where their shapes and norm weights fit. On Hopper every launch is a programmatic
 dependent launch, so a product's weights stream in while the kernel before it finishes.
 DecodeGraphs captures this for its batch-1 bucket; the arithmetic is the model's own, rounding
 included, so it agrees with model.py's path to bf16 tolerance.
@@ -18,13 +19,14 @@ included, so it agrees with model.py's path to bf16 tolerance.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from engine.kernels import row_gemv_tc as tc
 from engine.kernels.rope_attention import RopeAttention
-from engine.kernels.row_gemv import NORM, RESIDUAL, SWIGLU, row_gemv
+from engine.kernels.row_gemv import NORM, RESIDUAL, STORE, SWIGLU, row_gemv
 from engine.kv_cache import KVCache
 from engine.model import Transformer
 from engine.quant import Int8Linear
@@ -49,6 +51,18 @@ class RowDecoder:
         )
         # Programmatic dependent launch needs Hopper or later.
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+        # Int8 gate/up and head products on the tensor cores where they fit (row_gemv_tc.py).
+        tensor_cores = tc.available(device)
+
+        def on_tensor_cores(module: nn.Module, epilogue: int, norm: torch.Tensor) -> bool:
+            w, scale = _weights(module)
+            n, k = w.shape
+            return tensor_cores and scale is not None and tc.fits(n, k, epilogue, norm)
+
+        self.gate_up_tc = [
+            on_tensor_cores(b.feed_forward.w13, SWIGLU, b.ffn_norm.weight) for b in model.blocks()
+        ]
+        self.head_tc = on_tensor_cores(model.output, STORE, model.norm.weight)
 
     @classmethod
     def for_model(cls, model: Transformer, kv: KVCache) -> RowDecoder | None:
@@ -101,15 +115,37 @@ class RowDecoder:
                 heads.view(1, -1), *_weights(attention.wo), epilogue=RESIDUAL, residual=stream,
                 pdl=pdl,
             )  # fmt: skip
-            hidden, _ = row_gemv(
-                stream, *_weights(ffn.w13), prologue=NORM, squares=squares,
-                norm_weight=block.ffn_norm.weight, eps=eps, epilogue=SWIGLU, pdl=pdl,
+            hidden, _ = self._normed(
+                self.gate_up_tc[i], stream, ffn.w13, block.ffn_norm.weight, squares,
+                epilogue=SWIGLU,
             )  # fmt: skip
             stream, squares = row_gemv(
                 hidden, *_weights(ffn.w2), epilogue=RESIDUAL, residual=stream, pdl=pdl
             )
-        logits, _ = row_gemv(
-            stream, *_weights(model.output), prologue=NORM, squares=squares,
-            norm_weight=model.norm.weight, eps=eps, out_dtype=torch.float32, pdl=pdl,
+        logits, _ = self._normed(
+            self.head_tc, stream, model.output, model.norm.weight, squares,
+            out_dtype=torch.float32,
         )  # fmt: skip
         return logits
+
+    def _normed(
+        self,
+        tensor_cores: bool,
+        x: torch.Tensor,
+        module: nn.Module,
+        norm: torch.Tensor,
+        squares: torch.Tensor | None,
+        **epilogue: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """module's weights @ (rms_norm(x) * norm), through row_gemv_tc.py or row_gemv.py."""
+        w, scale = _weights(module)
+        if tensor_cores:
+            assert scale is not None
+            return tc.row_gemv_tc(
+                x, w, scale, norm_weight=norm, squares=squares, eps=self.eps, pdl=self.pdl,
+                **epilogue,
+            )  # fmt: skip
+        return row_gemv(
+            x, w, scale, prologue=NORM, norm_weight=norm, squares=squares, eps=self.eps,
+            pdl=self.pdl, **epilogue,
+        )  # fmt: skip

@@ -192,6 +192,38 @@ def test_row_gemv_matches_reference() -> None:
             assert rel(y, x.float() @ wq[:n].t()) < 1e-3
 
 
+def test_tensor_core_int8_products_match_reference() -> None:
+    import torch.nn.functional as F
+
+    from engine.kernels import row_gemv_tc as tc
+    from engine.kernels.row_gemv import NORM, SWIGLU, row_gemv
+
+    assert tc.available(CUDA)
+    torch.manual_seed(0)
+    bf16 = dict(device=CUDA, dtype=torch.bfloat16)
+    for n, k in [(1024, 4096), (4096, 4096), (512, 14336), (64, 512)]:
+        x, g = torch.randn(1, k, **bf16), torch.rand(k, **bf16) + 0.5
+        q = torch.randint(-128, 128, (2 * n, k), device=CUDA, dtype=torch.int8)
+        scale = (torch.rand(2 * n, **bf16) + 0.5) / 64
+        wq = q.float() * scale.float()[:, None]
+        normed = (F.rms_norm(x.float(), (k,), None, 1e-5).to(torch.bfloat16) * g).float()
+        gate_up = (normed @ wq.t()).to(torch.bfloat16).float()
+        swiglu = F.silu(gate_up[:, :n]) * gate_up[:, n:]
+        # The sum of squares from partial sums (as O and down leave it), or from x itself.
+        parts = x.float().square().view(8, -1).sum(1)
+        for squares in (None, parts):
+            for pdl in (False, True):
+                assert tc.fits(2 * n, k, SWIGLU, g) and tc.fits(2 * n, k, tc.STORE, g)
+                kw = dict(norm_weight=g, squares=squares, eps=1e-5, pdl=pdl)
+                h, _ = tc.row_gemv_tc(x, q, scale, epilogue=SWIGLU, **kw)
+                assert h.shape == (1, n) and rel(h, swiglu) < 1e-2
+                # Rounded as row_gemv rounds: the two agree to a bf16 step or so.
+                h_row, _ = row_gemv(x, q, scale, prologue=NORM, epilogue=SWIGLU, **kw)
+                assert rel(h, h_row) < 1e-2
+                y, _ = tc.row_gemv_tc(x, q, scale, out_dtype=torch.float32, **kw)
+                assert y.dtype == torch.float32 and rel(y, normed @ wq.t()) < 1e-4
+
+
 def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> None:
     from engine.sampling import GREEDY, Sampler
 
@@ -314,6 +346,29 @@ def test_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path)
     assert graphed.graphs is not None and graphed.graphs.row is not None
     eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
     # The same tokens into both (random weights leave near-ties that bf16 rounding may flip).
+    ids, table = prompt(100, graphed.config.vocab_size), list(range(16))
+    for engine in (graphed, eager):
+        engine.step([SeqInput("s", ids, 0, table)])
+    for i, token in enumerate(prompt(12, graphed.config.vocab_size)):
+        batch = [SeqInput("s", [token], 100 + i, table)]
+        a = graphed._graph_outputs(batch, None)
+        b = eager.model.logits(eager.forward(batch))
+        assert a is not None and l2(a.logits, b) < 2e-2
+
+
+def test_int8_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path) -> None:
+    # As above, int8: the batch-1 graph, whose gate/up and head run on the tensor cores
+    # (row_gemv_tc.py), against the eager int8 model (its modules, engine/kernels/w8a16.py).
+    folder = tmp_path / "llama3-8b-2-layers"
+    shutil.copytree(registry.resolve("llama3-8b-random", tandem_home), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    graphed = Engine.from_path(
+        folder, "cuda", "bfloat16", 1 << 30, progress=False, max_num_seqs=1, quantize="int8"
+    )
+    row = graphed.graphs.row if graphed.graphs is not None else None
+    assert row is not None and all(row.gate_up_tc) and row.head_tc
+    eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
     ids, table = prompt(100, graphed.config.vocab_size), list(range(16))
     for engine in (graphed, eager):
         engine.step([SeqInput("s", ids, 0, table)])

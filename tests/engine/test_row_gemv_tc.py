@@ -1,0 +1,53 @@
+"""The tensor-core int8 products (engine/kernels/row_gemv_tc.py) where no GPU is: which products
+may take them, and that the kernel builds for Hopper as designed. Their arithmetic is checked
+on the GPU (tests/gpu/test_cuda.py: test_tensor_core_int8_products_match_reference)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import row_gemv_tc as tc
+
+
+def test_fits_needs_whole_tiles_and_inputs_inside_fp16() -> None:
+    g = torch.ones(4096)
+    assert tc.fits(28672, 4096, tc.SWIGLU, g)  # LLaMA-3-8B gate/up
+    assert tc.fits(128256, 4096, tc.STORE, g)  # and its head
+    assert not tc.fits(3072, 576, tc.SWIGLU, torch.ones(576))  # SmolLM2: 576 is no tile width
+    assert not tc.fits(1000, 4096, tc.STORE, g)  # rows short of a tile
+    assert not tc.fits(64, 256, tc.STORE, torch.ones(256))  # fewer than two tiles along K
+    # rms_norm(x) * g reaches sqrt(K) * max |g|: 64 * 1100 does not fit in fp16.
+    assert tc.fits(4096, 4096, tc.STORE, torch.full((4096,), 1000.0))
+    assert not tc.fits(4096, 4096, tc.STORE, torch.full((4096,), -1100.0))
+
+
+def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
+    """Compiled for sm_90 here (ptxas ships with Triton): the products are mma.sync on fp16,
+    and the only shared memory is the staged input: the weights reach the mma's layout in
+    registers, not through shared memory."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    k = 4096
+    mma, frag, loaded, inputs = tc._layouts(tc.BK, tc.WARPS)
+    pointers = {"x_ptr": "*bf16", "g_ptr": "*bf16", "sq_ptr": "*fp32", "w_ptr": "*i32",
+                "s_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+    for epilogue, n_sq in ((tc.SWIGLU, 256), (tc.STORE, 0)):
+        constants = dict(
+            K=k, N_SQ=n_sq, EPILOGUE=epilogue, TN=tc.BN, TK=tc.BK, RC=tc._chunk_rows(k),
+            PDL=True, MMA=mma, FRAG=frag, LOADED=loaded, INPUTS=inputs,
+        )  # fmt: skip
+        signature = {**pointers, "N": "i32", "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
+        fn = tc._row_gemv_tc
+        aligned = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in pointers}
+        kernel = triton.compile(
+            GluonASTSource(fn, signature, constants, aligned),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": tc.WARPS},
+        )
+        ptx = kernel.asm["ptx"]
+        # A tile is BK / 16 m16n8k16 steps a warp; the loop and its two peeled tiles.
+        assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 3 * tc.BK // 16
+        assert "griddepcontrol.wait" in ptx
+        assert kernel.metadata.shared == k * 2  # the fp16 input, nothing else
