@@ -11,8 +11,9 @@ the products. Here a layer is
     down → residual add
 
 and the final norm rides in front of the output head. With int8 weights, gate/up and the head
-run on the tensor cores (engine/kernels/row_gemv_tc.py) where their shapes and norm weights fit. On Hopper every launch is a programmatic
-dependent launch, so a product's weights stream in while the kernel before it finishes.
+run on the tensor cores (engine/kernels/row_gemv_tc.py) where their shapes and norm weights
+fit. On Hopper every launch is a programmatic dependent launch, so a product's weights stream
+in while the kernel before it finishes.
 DecodeGraphs captures this for its batch-1 bucket; the arithmetic is the model's own, rounding
 included, so it agrees with model.py's path to bf16 tolerance.
 """

@@ -28,10 +28,11 @@ for O's weights while attention runs, before the wait, measured slower.)
 Int8 weights are read as 32-bit words of four and widened without a conversion instruction
 (int8 → float conversions, and this widening feeding the tensor cores through shared memory,
 both measured slower on an H200; gate/up and the head, where this arithmetic costs most, have
-their own kernel, row_gemv_tc.py, that widens to fp16 in registers for the tensor cores): one byte permute places each byte u = q + 128 (its sign bit
-flipped) as the second byte of 1.0's bits, the float 1 + u / 2**15, which multiplies the input
-directly. Since Σ (1 + u / 2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15, the kernel also sums the
-inputs and recovers Σ q a at the end, then applies the row's scale. The cancellation costs
+their own kernel, row_gemv_tc.py, which widens to fp16 in registers for the tensor cores):
+one byte permute places each byte u = q + 128 (its sign bit flipped) as the second byte of
+1.0's bits, the float 1 + u / 2**15, which multiplies the input directly. Since
+Σ (1 + u / 2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15, the kernel also sums the inputs and
+recovers Σ q a at the end, then applies the row's scale. The cancellation costs
 precision: 1e-4 relative to the largest output or less, against bf16's 4e-3 rounding. A permute
 and an FMA a weight keep int8 below the memory's pace (2.2-4.2 TB/s at the LLaMA-3-8B shapes on
 an H200; with the inputs' loads replaced by arithmetic, still 2.7-4.3). 1.0's bits arrive as a
