@@ -19,13 +19,14 @@ widening is exact and cheaper, and the multiply-adds go to the tensor cores:
   e, h, s0, s1, q0, q1): a lane's weights of a row are then 16 bytes of memory in a row, and
   its inputs 16 halves in a row. Relabelling (reshape, permute) moves no data.
 - Weights are read coalesced, eight lanes reading 128 bytes of a row, and reach the mma layout
-  by a warp shuffle (one lane bit and one register bit trade places). Reading them straight in
-  the mma layout, 64 bytes a row, measured 3.2 TB/s against 3.8.
+  by a warp shuffle (one lane bit and one register bit trade places). Read straight in the mma
+  layout, 64 bytes of 8 rows an instruction, they measured slower (gate/up 31.8 against 31.2
+  µs, the head 129.7 against 121.2 at its best tile).
 - Two tiles are in flight per warp, both requested before the wait for the previous kernel
   (programmatic dependent launch, as row_gemv.py).
 
-On an H200 at the LLaMA-3-8B shapes this took the int8 batch-1 step from 393 to 408 tok/s
-(bench/RESULTS-gpu.md). The other products stay on row_gemv.py: at QKV, O and down (few rows,
+On an H200 at the LLaMA-3-8B shapes this took the int8 batch-1 engine from 393 / 391 to
+407 / 408 tok/s (two rounds in one process; bench/RESULTS-gpu.md). The other products stay on row_gemv.py: at QKV, O and down (few rows,
 or 14,336 inputs a row) the tensor-core kernel has too few warps to keep the memory busy and
 measured slower, in the engine as alone.
 """
