@@ -26,9 +26,9 @@ widening is exact and cheaper, and the multiply-adds go to the tensor cores:
   (programmatic dependent launch, as row_gemv.py).
 
 On an H200 at the LLaMA-3-8B shapes this took the int8 batch-1 engine from 393 / 391 to
-407 / 408 tok/s (two rounds in one process; bench/RESULTS-gpu.md). The other products stay on row_gemv.py: at QKV, O and down (few rows,
-or 14,336 inputs a row) the tensor-core kernel has too few warps to keep the memory busy and
-measured slower, in the engine as alone.
+407 / 408 tok/s (two rounds in one process; bench/RESULTS-gpu.md). The other products stay
+on row_gemv.py: at QKV, O and down (few rows, or 14,336 inputs a row) the tensor-core kernel
+has too few warps to keep the memory busy and measured slower, in the engine as alone.
 """
 
 from __future__ import annotations
