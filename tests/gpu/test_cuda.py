@@ -335,40 +335,26 @@ def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> 
     assert counts == [5, 60], counts
 
 
-def test_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("quantize", ["auto", "int8"])
+def test_row_kernels_on_8b_shapes_equal_eager(
+    tandem_home: Path, tmp_path: Path, quantize: str
+) -> None:
     # The 8B shapes with 4 of the 32 layers: bf16 rounding grows with depth through random
-    # weights, and the shapes, not the depth, are what the kernels must get right.
+    # weights, and the shapes, not the depth, are what the kernels must get right. Int8: the
+    # graph's gate/up and head run on the tensor cores (row_gemv_tc.py), the eager model's
+    # int8 modules on engine/kernels/w8a16.py.
     folder = tmp_path / "llama3-8b-4-layers"
     shutil.copytree(registry.resolve("llama3-8b-random", tandem_home), folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
-    graphed = Engine.from_path(folder, "cuda", "bfloat16", 1 << 30, progress=False, max_num_seqs=1)
-    assert graphed.graphs is not None and graphed.graphs.row is not None
-    eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
-    # The same tokens into both (random weights leave near-ties that bf16 rounding may flip).
-    ids, table = prompt(100, graphed.config.vocab_size), list(range(16))
-    for engine in (graphed, eager):
-        engine.step([SeqInput("s", ids, 0, table)])
-    for i, token in enumerate(prompt(12, graphed.config.vocab_size)):
-        batch = [SeqInput("s", [token], 100 + i, table)]
-        a = graphed._graph_outputs(batch, None)
-        b = eager.model.logits(eager.forward(batch))
-        assert a is not None and l2(a.logits, b) < 2e-2
-
-
-def test_int8_row_kernels_on_8b_shapes_equal_eager(tandem_home: Path, tmp_path: Path) -> None:
-    # As above, int8: the batch-1 graph, whose gate/up and head run on the tensor cores
-    # (row_gemv_tc.py), against the eager int8 model (its modules, engine/kernels/w8a16.py).
-    folder = tmp_path / "llama3-8b-2-layers"
-    shutil.copytree(registry.resolve("llama3-8b-random", tandem_home), folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     graphed = Engine.from_path(
-        folder, "cuda", "bfloat16", 1 << 30, progress=False, max_num_seqs=1, quantize="int8"
+        folder, "cuda", "bfloat16", 1 << 30, progress=False, max_num_seqs=1, quantize=quantize
     )
     row = graphed.graphs.row if graphed.graphs is not None else None
-    assert row is not None and all(row.gate_up_tc) and row.head_tc
+    assert row is not None
+    assert all(row.gate_up_tc) == row.head_tc == (quantize == "int8")
     eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
+    # The same tokens into both (random weights leave near-ties that bf16 rounding may flip).
     ids, table = prompt(100, graphed.config.vocab_size), list(range(16))
     for engine in (graphed, eager):
         engine.step([SeqInput("s", ids, 0, table)])
