@@ -23,7 +23,8 @@ widening is exact and cheaper, and the multiply-adds go to the tensor cores:
   layout, 64 bytes of 8 rows an instruction, they measured slower (gate/up 31.8 against 31.2
   µs, the head 129.7 against 121.2 at its best tile).
 - Two tiles are in flight per warp, both requested before the wait for the previous kernel
-  (programmatic dependent launch, as row_gemv.py).
+  (programmatic dependent launch, as row_gemv.py), and so is the norm weight; x is copied
+  into shared memory asynchronously while the partial sums of squares are read.
 
 On an H200 at the LLaMA-3-8B shapes this took the int8 batch-1 engine from 393 / 391 to
 407 / 408 tok/s (two rounds in one process; bench/RESULTS-gpu.md). The other products stay
@@ -40,7 +41,7 @@ import torch
 try:  # Gluon is Triton's explicit-layout dialect (Triton >= 3.5)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 except ImportError:  # pragma: no cover - an older Triton: row_gemv.py serves every product
     gluon = None
 
@@ -159,12 +160,27 @@ if gluon is not None:
         rn = half if EPILOGUE == 2 else pid * TN + t
         cols = gl.arange(0, TK // 4, layout=gl.SliceLayout(0, LOADED))
         rows = w_ptr + rn.to(gl.int64)[:, None] * (K // 4) + cols[None, :]
-        # Weights never depend on the previous kernel: two tiles are requested before the wait.
+        # Weights and the norm weight never depend on the previous kernel: two tiles and g are
+        # requested before the wait; x is copied into shared memory (cp.async) while the sum of
+        # squares is read, so the two reads' latencies overlap.
         w = gl.load(rows, eviction_policy="evict_first")
         w2 = gl.load(rows + TK // 4, eviction_policy="evict_first")
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, W], [1, 0])
+        xr = gl.arange(0, RC, layout=gl.SliceLayout(1, XL))
+        xc = gl.arange(0, TK, layout=gl.SliceLayout(0, XL))
+        xo = xr[:, None] * TK + xc[None, :]
+        CH: gl.constexpr = K // TK // RC  # chunks of RC rows of TK
+        RAW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        gs = gl.allocate_shared_memory(g_ptr.dtype.element_ty, [CH, RC, TK], RAW)
+        xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [CH, RC, TK], RAW)
+        for c in gl.static_range(CH):
+            async_copy.async_copy_global_to_shared(gs.index(c), g_ptr + c * RC * TK + xo)
         if PDL:
             _griddep("griddepcontrol.wait; // $0")
             _griddep("griddepcontrol.launch_dependents; // $0")
+        for c in gl.static_range(CH):
+            async_copy.async_copy_global_to_shared(xs.index(c), x_ptr + c * RC * TK + xo)
+        async_copy.commit_group()
 
         # rstd from the partial sums of squares (or x itself), as row_gemv.py's NORM.
         SL: gl.constexpr = gl.BlockedLayout([4], [32], [W], [0])
@@ -176,23 +192,20 @@ if gluon is not None:
         else:
             squares = gl.zeros([128 * W], gl.float32, SL)
             for k0 in range(0, K, 128 * W):
-                xs = gl.load(x_ptr + k0 + si, mask=k0 + si < K, other=0.0).to(gl.float32)
-                squares += xs * xs
+                xk = gl.load(x_ptr + k0 + si, mask=k0 + si < K, other=0.0).to(gl.float32)
+                squares += xk * xk
             total = gl.sum(squares, 0)
         rstd = 1.0 / gl.sqrt(total / K + eps)
-        # The input, normalised and widened to fp16 once, RC rows of TK at a time.
+        # The input, normalised and widened to fp16 once, for every k step.
         staged = gl.allocate_shared_memory(gl.float16, [K // TK, TK],
                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
-        chunks = staged._reinterpret(gl.float16, [K // TK // RC, RC, TK],
-                                     gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fmt: skip
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, W], [1, 0])
-        xr = gl.arange(0, RC, layout=gl.SliceLayout(1, XL))
-        xc = gl.arange(0, TK, layout=gl.SliceLayout(0, XL))
-        xo = xr[:, None] * TK + xc[None, :]
-        for c in gl.static_range(0, K // TK, RC):
-            x = gl.load(x_ptr + c * TK + xo).to(gl.float32)
-            a = (x * rstd).to(x_ptr.dtype.element_ty) * gl.load(g_ptr + c * TK + xo)
-            chunks.index(c // RC).store(a.to(gl.float16))
+        chunks = staged._reinterpret(gl.float16, [CH, RC, TK], RAW)
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        for c in gl.static_range(CH):
+            x = xs.index(c).load(XL).to(gl.float32)
+            a = (x * rstd).to(x_ptr.dtype.element_ty) * gs.index(c).load(XL)
+            chunks.index(c).store(a.to(gl.float16))
         gl.thread_barrier()
 
         acc = gl.zeros([TN, 8], gl.float32, MMA)
