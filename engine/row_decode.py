@@ -20,10 +20,12 @@ included, so it agrees with model.py's path to bf16 tolerance.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import torch
 from torch import nn
+from triton.compiler.errors import CompilationError
 
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.rope_attention import RopeAttention
@@ -31,6 +33,8 @@ from engine.kernels.row_gemv import NORM, RESIDUAL, STORE, SWIGLU, row_gemv
 from engine.kv_cache import KVCache
 from engine.model import Transformer
 from engine.quant import Int8Linear
+
+log = logging.getLogger(__name__)
 
 
 def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -142,10 +146,18 @@ class RowDecoder:
         w, scale = _weights(module)
         if tensor_cores:
             assert scale is not None
-            return tc.row_gemv_tc(
-                x, w, scale, norm_weight=norm, squares=squares, eps=self.eps, pdl=self.pdl,
-                **epilogue,
-            )  # fmt: skip
+            try:
+                return tc.row_gemv_tc(
+                    x, w, scale, norm_weight=norm, squares=squares, eps=self.eps, pdl=self.pdl,
+                    **epilogue,
+                )  # fmt: skip
+            except CompilationError as error:
+                # Gluon is experimental and a later Triton may not build this kernel. The first
+                # calls run before graph capture, so the fallback is decided there, once.
+                log.warning("int8 tensor-core products unavailable, row_gemv serves them: %s",
+                            str(error).splitlines()[-1])  # fmt: skip
+                self.gate_up_tc = [False] * len(self.gate_up_tc)
+                self.head_tc = False
         return row_gemv(
             x, w, scale, prologue=NORM, norm_weight=norm, squares=squares, eps=self.eps,
             pdl=self.pdl, **epilogue,

@@ -105,6 +105,10 @@ def _layouts(bk: int, warps: int) -> tuple:
 
 
 if gluon is not None:
+    # Gluon is experimental: Triton 3.9 renamed the cp.async copy and the CTA barrier (the H200
+    # machine has 3.6).
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     # One word of four int8 weights → four fp16 weights, exactly (see the module's docstring).
     _WIDEN: gl.constexpr = gl.constexpr(
         "{ .reg .b32 t, m, p, q; xor.b32 t, $4, 0x80808080; mov.b32 m, 0x64806480;"
@@ -149,7 +153,7 @@ if gluon is not None:
     def _row_gemv_tc(
         x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, out_ptr, N, eps,
         K: gl.constexpr, N_SQ: gl.constexpr, EPILOGUE: gl.constexpr, TN: gl.constexpr,
-        TK: gl.constexpr, RC: gl.constexpr, PDL: gl.constexpr, MMA: gl.constexpr,
+        TK: gl.constexpr, PDL: gl.constexpr, MMA: gl.constexpr,
         FRAG: gl.constexpr, LOADED: gl.constexpr, INPUTS: gl.constexpr,
     ):  # fmt: skip
         W: gl.constexpr = gl.num_warps()
@@ -165,21 +169,18 @@ if gluon is not None:
         # squares is read, so the two reads' latencies overlap.
         w = gl.load(rows, eviction_policy="evict_first")
         w2 = gl.load(rows + TK // 4, eviction_policy="evict_first")
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, W], [1, 0])
-        xr = gl.arange(0, RC, layout=gl.SliceLayout(1, XL))
-        xc = gl.arange(0, TK, layout=gl.SliceLayout(0, XL))
-        xo = xr[:, None] * TK + xc[None, :]
-        CH: gl.constexpr = K // TK // RC  # chunks of RC rows of TK
-        RAW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        gs = gl.allocate_shared_memory(g_ptr.dtype.element_ty, [CH, RC, TK], RAW)
-        xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [CH, RC, TK], RAW)
-        for c in gl.static_range(CH):
-            async_copy.async_copy_global_to_shared(gs.index(c), g_ptr + c * RC * TK + xo)
+        XL: gl.constexpr = gl.BlockedLayout([TK // (32 * W)], [32], [W], [0])
+        xo = gl.arange(0, TK, layout=XL)
+        RAW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        gs = gl.allocate_shared_memory(g_ptr.dtype.element_ty, [K // TK, TK], RAW)
+        xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [K // TK, TK], RAW)
+        for c in gl.static_range(K // TK):
+            _async_load(gs.index(c), g_ptr + c * TK + xo)
         if PDL:
             _griddep("griddepcontrol.wait; // $0")
             _griddep("griddepcontrol.launch_dependents; // $0")
-        for c in gl.static_range(CH):
-            async_copy.async_copy_global_to_shared(xs.index(c), x_ptr + c * RC * TK + xo)
+        for c in gl.static_range(K // TK):
+            _async_load(xs.index(c), x_ptr + c * TK + xo)
         async_copy.commit_group()
 
         # rstd from the partial sums of squares (or x itself), as row_gemv.py's NORM.
@@ -197,16 +198,14 @@ if gluon is not None:
             total = gl.sum(squares, 0)
         rstd = 1.0 / gl.sqrt(total / K + eps)
         # The input, normalised and widened to fp16 once, for every k step.
-        staged = gl.allocate_shared_memory(gl.float16, [K // TK, TK],
-                                           gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
-        chunks = staged._reinterpret(gl.float16, [CH, RC, TK], RAW)
+        staged = gl.allocate_shared_memory(gl.float16, [K // TK, TK], RAW)
         async_copy.wait_group(0)
-        gl.thread_barrier()
-        for c in gl.static_range(CH):
+        _barrier()
+        for c in gl.static_range(K // TK):
             x = xs.index(c).load(XL).to(gl.float32)
             a = (x * rstd).to(x_ptr.dtype.element_ty) * gs.index(c).load(XL)
-            chunks.index(c).store(a.to(gl.float16))
-        gl.thread_barrier()
+            staged.index(c).store(a.to(gl.float16))
+        _barrier()
 
         acc = gl.zeros([TN, 8], gl.float32, MMA)
         for i in range(0, K // TK - 2):
@@ -228,7 +227,7 @@ if gluon is not None:
             y = y * gl.load(s_ptr + pid * HALF + yr % HALF + (yr // HALF) * N).to(gl.float32)
             ys = gl.allocate_shared_memory(gl.float32, [TN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
             ys.store(y.to(dt).to(gl.float32))
-            gl.thread_barrier()
+            _barrier()
             gate = ys.slice(0, HALF).load(YL)
             up = ys.slice(HALF, HALF).load(YL)
             h = gate / (1.0 + gl.exp(-gate)) * up
@@ -236,14 +235,6 @@ if gluon is not None:
         else:
             y = y * gl.load(s_ptr + pid * TN + yr).to(gl.float32)
             gl.store(out_ptr + pid * TN + yr, y.to(dt))
-
-
-def _chunk_rows(k: int) -> int:
-    """Rows of BK the input is staged in at a time: ~8 inputs a thread, dividing K / BK."""
-    rc = max(1, 256 * WARPS // BK)
-    while (k // BK) % rc:
-        rc //= 2
-    return rc
 
 
 def row_gemv_tc(
@@ -272,7 +263,7 @@ def row_gemv_tc(
     _row_gemv_tc[(programs,)](
         x, norm_weight, x if squares is None else squares, weight.view(torch.int32), scale, out,
         n, eps, K=k, N_SQ=0 if squares is None else squares.numel(), EPILOGUE=epilogue, TN=BN,
-        TK=BK, RC=_chunk_rows(k), PDL=pdl, MMA=mma, FRAG=frag, LOADED=coalesced, INPUTS=inputs,
+        TK=BK, PDL=pdl, MMA=mma, FRAG=frag, LOADED=coalesced, INPUTS=inputs,
         num_warps=WARPS, launch_pdl=pdl,
     )  # fmt: skip
     return out, None

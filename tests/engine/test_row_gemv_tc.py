@@ -4,6 +4,7 @@ on the GPU (tests/gpu/test_cuda.py: test_tensor_core_int8_products_match_referen
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.kernels import row_gemv_tc as tc
@@ -35,8 +36,8 @@ def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
                 "s_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
     for epilogue, n_sq in ((tc.SWIGLU, 256), (tc.STORE, 0)):
         constants = dict(
-            K=k, N_SQ=n_sq, EPILOGUE=epilogue, TN=tc.BN, TK=tc.BK, RC=tc._chunk_rows(k),
-            PDL=True, MMA=mma, FRAG=frag, LOADED=loaded, INPUTS=inputs,
+            K=k, N_SQ=n_sq, EPILOGUE=epilogue, TN=tc.BN, TK=tc.BK, PDL=True, MMA=mma,
+            FRAG=frag, LOADED=loaded, INPUTS=inputs,
         )  # fmt: skip
         signature = {**pointers, "N": "i32", "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
         fn = tc._row_gemv_tc
@@ -51,3 +52,36 @@ def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
         assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 3 * tc.BK // 16
         assert "griddepcontrol.wait" in ptx
         assert kernel.metadata.shared == k * 6  # x and g as copied, the fp16 input: nothing else
+
+
+def test_decoder_falls_back_to_row_gemv_where_the_kernel_does_not_build(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gluon is experimental: where another Triton cannot build the kernel, the batch-1
+    decoder logs it and serves those products with row_gemv.py, from that call on."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from engine import row_decode
+    from engine.quant import Int8Linear
+
+    def does_not_build(*args: object, **kwargs: object) -> None:
+        raise CompilationError("", ast.parse("x"), "AttributeError('no thread_barrier')")
+
+    served: list[dict[str, object]] = []
+
+    def row_gemv(*args: object, **kwargs: object) -> tuple[str, None]:
+        served.append(kwargs)
+        return "row_gemv", None
+
+    monkeypatch.setattr(row_decode.tc, "row_gemv_tc", does_not_build)
+    monkeypatch.setattr(row_decode, "row_gemv", row_gemv)
+    decoder = row_decode.RowDecoder.__new__(row_decode.RowDecoder)  # no model, no GPU needed
+    decoder.eps, decoder.pdl, decoder.gate_up_tc, decoder.head_tc = 1e-5, False, [True] * 2, True
+    module, norm = Int8Linear(torch.randn(128, 512)), torch.ones(512)
+    with caplog.at_level("WARNING"):
+        out = decoder._normed(True, torch.randn(1, 512), module, norm, None, epilogue=tc.SWIGLU)
+    assert out == ("row_gemv", None) and served[0]["epilogue"] == tc.SWIGLU
+    assert decoder.gate_up_tc == [False, False] and not decoder.head_tc
+    assert "row_gemv serves them" in caplog.text and "no thread_barrier" in caplog.text
