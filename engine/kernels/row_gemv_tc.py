@@ -38,7 +38,7 @@ import math
 
 import torch
 
-try:  # Gluon is Triton's explicit-layout dialect (Triton >= 3.5)
+try:  # Gluon, Triton's explicit-layout dialect (experimental; used here with 3.6 and 3.9)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
