@@ -154,8 +154,8 @@ class RowDecoder:
             except CompilationError as error:
                 # Gluon is experimental and a later Triton may not build this kernel. The first
                 # calls run before graph capture, so the fallback is decided there, once.
-                log.warning("int8 tensor-core products unavailable, row_gemv serves them: %s",
-                            str(error).splitlines()[-1])  # fmt: skip
+                last = (str(error).splitlines() or [type(error).__name__])[-1]
+                log.warning("int8 tensor-core products unavailable, row_gemv serves them: %s", last)
                 self.gate_up_tc = [False] * len(self.gate_up_tc)
                 self.head_tc = False
         return row_gemv(
