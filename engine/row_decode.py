@@ -103,15 +103,14 @@ class RowDecoder:
     ) -> torch.Tensor:
         """token, slot, context_len: (1,); table: (1, max_blocks). Returns (1, vocab) fp32
         logits; the new token's K/V are in the pool."""
-        model, pdl, eps = self.model, self.pdl, self.eps
+        model, pdl = self.model, self.pdl
         stream = model.tok_embeddings(token)  # (1, dim)
         squares = None  # the stream's partial sums of squares, from the product that wrote it
         for i, block in enumerate(model.blocks()):
             attention, ffn = block.attention, block.feed_forward
-            qkv, _ = row_gemv(
-                stream, *_weights(attention.wqkv), prologue=NORM, squares=squares,
-                norm_weight=block.attention_norm.weight, eps=eps, pdl=pdl,
-            )  # fmt: skip
+            qkv, _ = self._normed(
+                False, stream, attention.wqkv, block.attention_norm.weight, squares
+            )
             heads = self.attention(
                 qkv.view(1, *self.shape), model.inv_freq, self.kv.layer(i), table,
                 context_len, slot, pdl=pdl,

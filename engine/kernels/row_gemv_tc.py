@@ -34,6 +34,7 @@ has too few warps to keep the memory busy and measured slower, in the engine as 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -74,6 +75,7 @@ def _log2(n: int) -> int:
     return n.bit_length() - 1
 
 
+@functools.cache  # layouts depend on the tile alone: built once, not at every launch
 def _layouts(bk: int, warps: int) -> tuple:
     """(mma, weights as the mma reads them, weights as loaded, inputs (bk, 8) as read) for a
     (16 * warps, bk) int8 tile held as (16 * warps, bk / 4) words; bases as in
