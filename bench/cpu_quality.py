@@ -67,9 +67,7 @@ def main() -> None:
     home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
     path = registry.resolve(args.model, home)
     tokenizer = load_tokenizer(path)
-    prompts = [
-        tokenizer.encode(tokenizer.apply_chat_template(m), allow_special=True) for m in PROMPTS
-    ]
+    prompts = [tokenizer.encode_chat(m) for m in PROMPTS]
     engines = {
         quantize: Engine.from_path(
             path, "cpu", "float32", 64 << 20, progress=False, quantize=quantize

@@ -17,7 +17,7 @@ class FetchError(EngineError):
     """A model file could not be downloaded or failed its checksum."""
 
 
-class InvalidRequest(EngineError):
+class InvalidRequest(EngineError, ValueError):
     """A generation request with a bad field; `field` names it."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -35,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
     _add_model_args(tok)
     tok.add_argument("--text", required=True, help="the text to tokenize")
+    tok.add_argument(
+        "--special",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="special-token text such as <|eot_id|> becomes that token (the default, as in a "
+        "raw prompt); --no-special encodes it as the characters it is (as chat content is)",
+    )
     tok.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')
     tok.set_defaults(func=_tokenize)
 
@@ -63,7 +70,7 @@ def _load_tokenizer(args: argparse.Namespace, model_path: Path | None) -> Tokeni
 
 def _tokenize(args: argparse.Namespace) -> int:
     tokenizer = _load_tokenizer(args, None)
-    ids = tokenizer.encode(args.text, allow_special=True)
+    ids = tokenizer.encode(args.text, allow_special=args.special, field="--text")
     if args.json:
         print(json.dumps({"token_ids": ids}))
     else:
@@ -80,10 +87,9 @@ def _run(args: argparse.Namespace) -> int:
     model_path = registry.resolve(args.model, args.home)
     tokenizer = _load_tokenizer(args, model_path)
     if args.chat:
-        text = tokenizer.apply_chat_template(chat_messages(args))
-        prompt_ids = tokenizer.encode(text, allow_special=True)
+        prompt_ids = tokenizer.encode_chat(chat_messages(args))
     elif args.prompt is not None:
-        prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True)
+        prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True, field="--prompt")
     else:
         prompt_ids = args.prompt_ids
     engine = Engine.from_path(

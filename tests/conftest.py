@@ -1,5 +1,10 @@
 """Fixtures shared by every layer's tests: the cached model files, an address nothing listens
-on, an OTLP receiver, and GPU skipping."""
+on, an OTLP receiver, GPU skipping, and the Hypothesis profiles.
+
+Property tests are reproducible by default: the "ci" profile derandomizes Hypothesis (the
+examples follow from each test's own code) and keeps no example database, so every run of
+`make test` tests the same inputs. `pytest --hypothesis-profile=explore` searches afresh with
+more examples; what it finds belongs in the test as an `@example`."""
 
 from __future__ import annotations
 
@@ -9,9 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from engine import registry
 from tests.telemetry.otlp_receiver import OtlpReceiver
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", max_examples=1000)
+settings.load_profile("ci")
 
 
 def _home() -> Path:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from engine.errors import InvalidRequest
 from engine.tokenizer.chat_template import ChatTemplate, Message
+
+# Marks special-token text inside message content while the chat template renders it. A lone
+# surrogate cannot come from input (`encode` refuses it), so the mark is never ambiguous.
+_MARK = "\udfff"
+
+
+def check_text(text: str, field: str) -> None:
+    """Refuse text that cannot be UTF-8 (a lone surrogate): no tokenizer can encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRequest(
+            field, f"is not valid Unicode: {err.object[err.start]!r} at index {err.start}"
+        ) from None
 
 
 class Tokenizer(ABC):
@@ -44,17 +60,23 @@ class Tokenizer(ABC):
         self.strips_leading_space = strips_leading_space
 
     @abstractmethod
-    def encode(self, text: str, *, allow_special: bool) -> list[int]:
+    def _encode(self, text: str, *, allow_special: bool) -> list[int]:
+        """`encode` for text already known to be valid Unicode."""
+
+    def encode(self, text: str, *, allow_special: bool, field: str = "text") -> list[int]:
         """Ids of `text`, never adding BOS. With `allow_special`, special-token text such as
-        `<|eot_id|>` becomes that token; without, it is tokenized as the characters it is."""
+        `<|eot_id|>` becomes that token; without, it is tokenized as the characters it is.
+        Text that is not valid Unicode is an InvalidRequest naming `field`."""
+        check_text(text, field)
+        return self._encode(text, allow_special=allow_special)
 
     @property
     def vocab_size(self) -> int:
         return len(self._pieces)
 
-    def encode_prompt(self, text: str, *, allow_special: bool) -> list[int]:
+    def encode_prompt(self, text: str, *, allow_special: bool, field: str = "text") -> list[int]:
         """`encode`, with BOS in front when the model wants one and the text did not bring it."""
-        ids = self.encode(text, allow_special=allow_special)
+        ids = self.encode(text, allow_special=allow_special, field=field)
         bos = self.bos_token_id
         if self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
@@ -88,3 +110,54 @@ class Tokenizer(ABC):
             special_tokens=self.special_token_text,
             **extra,
         )
+
+    def encode_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True, **extra: Any
+    ) -> list[int]:
+        """The ids of the rendered chat, where only the template's own markup becomes control
+        tokens: special-token text inside a message is encoded as the characters it is, as in
+        Meta's reference, so no message can close its turn or forge another role's."""
+        marked = [self._mark_message(i, m) for i, m in enumerate(messages)]
+        text = self.apply_chat_template(marked, add_generation_prompt, **extra)
+        # Special tokens split text before BPE runs, so encoding the pieces between the
+        # template's specials gives the ids of the whole text when no content held one.
+        ids: list[int] = []
+        start = 0
+        for match in self._special_pattern.finditer(text):
+            ids += self._encode(text[start : match.start()].replace(_MARK, ""), allow_special=False)
+            ids.append(self._special_by_text[match[0]])
+            start = match.end()
+        ids += self._encode(text[start:].replace(_MARK, ""), allow_special=False)
+        return ids
+
+    @cached_property
+    def _special_by_text(self) -> dict[str, int]:
+        return {self._pieces[i].decode("utf-8", "replace"): i for i in self._special_ids}
+
+    @cached_property
+    def _special_pattern(self) -> re.Pattern[str]:
+        texts = sorted((t for t in self._special_by_text if t), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts)) or "(?!)")
+
+    def _mark_message(self, index: int, message: Message) -> Message:
+        if not isinstance(message, dict):
+            return message  # the template's validation names it
+
+        def mark(text: Any, field: str) -> Any:
+            if not isinstance(text, str):
+                return text
+            check_text(text, field)
+            return self._special_pattern.sub(lambda m: m[0][0] + _MARK + m[0][1:], text)
+
+        out: Message = {}
+        for key, value in message.items():
+            field = f"messages[{index}].{key}"
+            if isinstance(value, list):
+                value = [
+                    {**p, "text": mark(p["text"], f"{field}[{j}].text")}
+                    if isinstance(p, dict) and "text" in p
+                    else p
+                    for j, p in enumerate(value)
+                ]
+            out[key] = mark(value, field)
+        return out

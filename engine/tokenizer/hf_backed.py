@@ -40,7 +40,7 @@ class HFBackedTokenizer(Tokenizer):
         self._as_text = tokenizers.Tokenizer.from_str(backend.to_str())
         self._as_text.encode_special_tokens = True
 
-    def encode(self, text: str, *, allow_special: bool) -> list[int]:
+    def _encode(self, text: str, *, allow_special: bool) -> list[int]:
         backend = self._with_special if allow_special else self._as_text
         # BOS is the caller's decision (see `encode_prompt`), so no post-processor runs here.
         return backend.encode(text, add_special_tokens=False).ids

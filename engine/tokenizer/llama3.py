@@ -134,7 +134,7 @@ class Llama3Tokenizer(Tokenizer):
             special_token_text={"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
         )
 
-    def encode(self, text: str, *, allow_special: bool) -> list[int]:
+    def _encode(self, text: str, *, allow_special: bool) -> list[int]:
         allowed: Literal["all"] | AbstractSet[str] = "all" if allow_special else frozenset()
         ids: list[int] = []
         for part in _split_runs(text):

@@ -32,6 +32,7 @@ class GenerateSpec:
     ignore_eos: bool
     priority: int
     session_id: str | None
+    split_special_tokens: bool = False
 
 
 def _sampling(req: pb.GenerateRequest) -> SamplingParams:
@@ -127,6 +128,7 @@ def parse_generate(
         ignore_eos=req.ignore_eos,
         priority=req.priority,
         session_id=req.session_id or None,
+        split_special_tokens=req.split_special_tokens,
     )
 
 

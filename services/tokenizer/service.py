@@ -140,17 +140,21 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             return spec.prompt_ids
         tok = self.tokenizer
         if spec.messages is not None:
-            text = tok.apply_chat_template(spec.messages)
+            messages = spec.messages
+            size = sum(len(m["content"]) for m in messages)
 
             def encode() -> list[int]:
-                return tok.encode(text, allow_special=True)
+                return tok.encode_chat(messages)
         else:
             text = spec.text or ""
+            size = len(text)
 
             def encode() -> list[int]:
-                return tok.encode_prompt(text, allow_special=True)
+                return tok.encode_prompt(
+                    text, allow_special=not spec.split_special_tokens, field="prompt.text"
+                )
 
-        ids = await asyncio.to_thread(encode) if len(text) > _INLINE_TOKENIZE_CHARS else encode()
+        ids = await asyncio.to_thread(encode) if size > _INLINE_TOKENIZE_CHARS else encode()
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")
         if len(ids) >= self.max_seq_len:
@@ -224,11 +228,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._check_model(request.model)
         if request.WhichOneof("input") == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            ids = self.tokenizer.encode(
-                self.tokenizer.apply_chat_template(messages), allow_special=True
-            )
+            ids = self.tokenizer.encode_chat(messages)
         else:
-            ids = self.tokenizer.encode_prompt(request.text, allow_special=True)
+            ids = self.tokenizer.encode_prompt(
+                request.text, allow_special=not request.split_special_tokens
+            )
         return pb.TokenizeResponse(token_ids=ids)
 
     async def Detokenize(

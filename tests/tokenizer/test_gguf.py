@@ -150,7 +150,7 @@ def spellable(smollm_gguf: GGUFFile) -> st.SearchStrategy[str]:
     # Characters whose every UTF-8 byte is in the vocabulary (see test_unspellable_bytes_...).
     vocab = set(smollm_gguf.metadata["tokenizer.ggml.tokens"])
     known = {b for b in range(256) if byte_to_char()[b] in vocab}
-    return st.characters().filter(lambda c: set(c.encode()) <= known)
+    return st.characters(codec="utf-8").filter(lambda c: set(c.encode()) <= known)
 
 
 def test_unspellable_bytes_are_dropped_as_llama_cpp_does(smollm: Tokenizer) -> None:
