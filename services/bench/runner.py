@@ -112,10 +112,13 @@ class _Phase:
             for spec in specs:
                 if gaps is not None:
                     next_at += next(gaps)
+                    # Poisson arrivals within the duration are a fixed set, drawn from the seed.
+                    if duration is not None and next_at - began >= duration:
+                        break
                     await asyncio.sleep(max(0.0, next_at - self.clock()))
                 if slots is not None:
                     await slots.acquire()
-                if duration is not None and self.clock() - began >= duration:
+                if gaps is None and duration is not None and self.clock() - began >= duration:
                     if slots is not None:
                         slots.release()
                     break

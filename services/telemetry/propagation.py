@@ -7,7 +7,7 @@ the public edge); the hot-path records carry the same string in their `tracepare
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -63,11 +63,16 @@ class EpochClock:
     the monotonic clock's precision and are never bent by a wall-clock step.
     """
 
-    def __init__(self) -> None:
-        self.offset_ns = time.time_ns() - time.monotonic_ns()
+    def __init__(
+        self,
+        wall_ns: Callable[[], int] = time.time_ns,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.monotonic_ns = monotonic_ns
+        self.offset_ns = wall_ns() - monotonic_ns()
 
     def ns(self, monotonic_s: float) -> int:
         return int(monotonic_s * 1e9) + self.offset_ns
 
     def now_ns(self) -> int:
-        return time.monotonic_ns() + self.offset_ns
+        return self.monotonic_ns() + self.offset_ns
