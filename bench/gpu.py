@@ -313,7 +313,7 @@ def measure_8b(
 
 
 def run_pipeline(c: Any, steps: int, out_len: int, roofline_b1: float) -> None:
-    from services.local_pipeline import pipeline
+    from harness.pipeline import pipeline
 
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
     flags = (

@@ -36,7 +36,7 @@ from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.sampling import GREEDY
 from engine.tokenizer import load_tokenizer
-from services.local_pipeline import pipeline
+from harness.pipeline import pipeline
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Queued, Scheduled, Token
 from services.scheduler.plan import StepPlan, StepResult

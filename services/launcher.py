@@ -1,10 +1,13 @@
 """The launcher: starts worker, scheduler and tokenizers as processes, supervises, stops them.
 
 Start order follows the data flow's dependencies (worker, then scheduler, then tokenizers), each
-awaited until its gRPC health says SERVING; a process that dies while starting fails the launch
-at once. Afterwards a process that exits unexpectedly is restarted (its in-flight requests fail
-with UNAVAILABLE in the processes that outlive it). On SIGINT/SIGTERM the tokenizers drain first,
-then the scheduler and the worker stop, and what they left in /dev/shm is reaped.
+awaited until its gRPC health says SERVING. A process that exits with an error before it ever
+served fails the launch at once (a bad flag, a missing model: restarting would not help); one
+killed by a signal while starting is started again, a few times. From the moment a process has
+served, whatever else is still starting, an exit is a crash to recover from: it is restarted
+(its in-flight requests fail with UNAVAILABLE in the processes that outlive it). On SIGINT or
+SIGTERM the tokenizers drain first, then the scheduler and the worker stop, and what they left
+in /dev/shm is reaped.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ _PR_SET_PDEATHSIG = 1
 # Crashes closer together than this double the wait before the next restart (up to the cap).
 _RESTART_WINDOW_S = 30.0
 _MAX_RESTART_DELAY_S = 10.0
+# Times a process killed by a signal before it first served is started again.
+_START_ATTEMPTS = 3
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,10 +87,26 @@ class Supervisor:
 
     async def start_all(self) -> None:
         for child in self.children:
-            await self._start(child)
-            await self._wait_healthy(child)
-        for child in self.children:
+            await self._first_start(child)
+            # Watched from now on: once it has served, its exit is a crash to recover from.
             child.watcher = asyncio.create_task(self._watch(child))
+
+    async def _first_start(self, child: Child) -> None:
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            await self._start(child)
+            try:
+                await self._wait_healthy(child)
+                return
+            except LaunchFailed:
+                code = child.proc.returncode if child.proc is not None else None
+                if code is None or code >= 0 or attempt == _START_ATTEMPTS:
+                    raise
+                log.warning(
+                    "%s was killed by signal %d while starting; starting it again",
+                    child.spec.name,
+                    -code,
+                )
+                reap()
 
     async def _start(self, child: Child) -> None:
         child.proc = await asyncio.create_subprocess_exec(
@@ -98,7 +119,9 @@ class Supervisor:
             preexec_fn=_die_with_parent,
         )
         child.last_start = time.monotonic()
-        log.info("started %s (pid %d)", child.spec.name, child.proc.pid)
+        log.info(
+            "started %s (pid %d) at %s", child.spec.name, child.proc.pid, child.spec.health_address
+        )
 
     async def _wait_healthy(self, child: Child) -> None:
         """Until the process reports SERVING; LaunchFailed if it dies or times out first."""

@@ -24,17 +24,18 @@ class Route:
     def __init__(self, tokenizer_id: str, shared_memory: bool) -> None:
         self.tokenizer_id = tokenizer_id
         self.ring = RingProducer.create(EVENT_RING_BYTES) if shared_memory else None
-        self.queue: asyncio.Queue[hp.EventBatch | None] | None = (
-            None if shared_memory else asyncio.Queue()
-        )
+        # What the tokenizer's StreamEvents call yields: the batches without shared memory; with
+        # it, only the None that ends the call when the route closes.
+        self.queue: asyncio.Queue[hp.EventBatch | None] = asyncio.Queue()
+        self.closed = False
 
     def send(self, batch: hp.EventBatch) -> bool:
         """Deliver a batch; False if the tokenizer is gone."""
-        if self.queue is not None:
+        if self.closed:
+            return False
+        if self.ring is None:
             self.queue.put_nowait(batch)
             return True
-        if self.ring is None:
-            return False
         try:
             if not self.ring.try_put(batch.SerializeToString()):
                 self.ring.put(batch.SerializeToString(), timeout=STALL_S)
@@ -44,11 +45,12 @@ class Route:
         return True
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if self.ring is not None:
             self.ring.close()
-            self.ring = None
-        if self.queue is not None:
-            self.queue.put_nowait(None)  # ends the StreamEvents call
+        self.queue.put_nowait(None)  # ends the StreamEvents call
 
 
 class Routes:

@@ -115,15 +115,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 s.prefix_cache_hits,
             )
             reply.preemptions, reply.steps = s.num_preemptions, s.num_steps
+            reply.finished.update(s.num_finished)
         return reply
 
     async def StreamEvents(
         self, request: spb.StreamEventsRequest, context: aio.ServicerContext
     ) -> AsyncIterator[hp.EventBatch]:
-        route = self.loop.routes.by_tokenizer.get(request.tokenizer_id)
-        if route is None or route.queue is None:
-            raise InvalidArgument(
-                "tokenizer_id", "attach with shared_memory=false before streaming events"
-            )
-        while (batch := await route.queue.get()) is not None:
-            yield batch
+        tokenizer_id = request.tokenizer_id
+        route = self.loop.routes.by_tokenizer.get(tokenizer_id)
+        if route is None:
+            raise InvalidArgument("tokenizer_id", f"{tokenizer_id!r} must attach first")
+        try:
+            while (batch := await route.queue.get()) is not None:
+                yield batch
+        finally:
+            # The call ended without the route closing first: the tokenizer is gone (killed,
+            # or cut off), and so is every stream of its requests.
+            if self.loop.routes.by_tokenizer.get(tokenizer_id) is route:
+                self.loop.routes.detach(tokenizer_id)
+                self.loop.cancel_tokenizer(tokenizer_id)

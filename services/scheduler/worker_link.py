@@ -1,7 +1,7 @@
 """The scheduler's connection to its worker: gRPC for control, shared-memory rings for steps.
 
 With `shared_memory=False` the same records travel as `Worker.Step` calls instead (a worker on
-another host). One step is in flight at a time.
+another host). Up to two steps are in flight (async scheduling): the worker runs them in order.
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ class WorkerLink:
         self.results: RingConsumer | None = None
         # Over gRPC, steps are calls made one after another (the worker runs plans in order)
         # by a sender task; each outcome (or error) lands in `outcomes`.
-        self.to_send: asyncio.Queue[hp.StepDescriptor] = asyncio.Queue()
+        # Each step is tagged with the connection it was sent on: what a lost worker answers
+        # (or fails) after the link connected again is dropped.
+        self.to_send: asyncio.Queue[tuple[int, hp.StepDescriptor]] = asyncio.Queue()
         self.outcomes: asyncio.Queue[hp.StepOutcome | BaseException] = asyncio.Queue()
+        self.connection = 0
         self._sender: asyncio.Task[None] | None = None
         self.to_worker = HopTimes()
         self.to_scheduler = HopTimes()
@@ -76,16 +79,20 @@ class WorkerLink:
     async def connect(self) -> hp.ModelDescription:
         """Wait for the worker to be up (gRPC reconnects with backoff), then attach the rings."""
         self.close_rings()
+        self.connection += 1
+        for queue in (self.to_send, self.outcomes):
+            while not queue.empty():
+                queue.get_nowait()
         self.sent_at.clear()
         self.last_outcome_ns = 0
         description = await self.stub.Describe(wpb.DescribeRequest(), wait_for_ready=True)
         if not self.shared_memory and self._sender is None:
             self._sender = asyncio.create_task(self._send_calls())
-        if self.shared_memory:
-            self.steps = RingProducer.create(STEP_RING_BYTES)
-            reply = await self.stub.Attach(
-                wpb.WorkerAttachRequest(step_ring=self.steps.name), wait_for_ready=True
-            )
+        # Attach over either transport: the worker forgets the sequences of a scheduler before.
+        self.steps = RingProducer.create(STEP_RING_BYTES) if self.shared_memory else None
+        request = wpb.WorkerAttachRequest(step_ring=self.steps.name if self.steps else "")
+        reply = await self.stub.Attach(request, wait_for_ready=True)
+        if self.steps is not None:
             self.results = RingConsumer.attach(reply.result_ring)
         return description
 
@@ -98,15 +105,18 @@ class WorkerLink:
             except (PeerGone, TimeoutError, ShmError) as err:
                 raise WorkerGone(f"cannot send step {desc.step_id}: {err}") from err
         else:
-            self.to_send.put_nowait(desc)
+            self.to_send.put_nowait((self.connection, desc))
 
     async def _send_calls(self) -> None:
         while True:
-            desc = await self.to_send.get()
+            connection, desc = await self.to_send.get()
+            outcome: hp.StepOutcome | BaseException
             try:
-                self.outcomes.put_nowait(await self.stub.Step(desc))
+                outcome = await self.stub.Step(desc)
             except grpc.RpcError as err:
-                self.outcomes.put_nowait(WorkerGone(f"Worker.Step failed: {err.code().name}"))
+                outcome = WorkerGone(f"Worker.Step failed: {err.code().name}")
+            if connection == self.connection:
+                self.outcomes.put_nowait(outcome)
 
     async def receive(self) -> hp.StepOutcome:
         """The outcome of the step in flight; raises WorkerGone if the worker is lost."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -24,6 +25,8 @@ from tandem.internal.v1 import scheduler_pb2_grpc
 log = logging.getLogger(__name__)
 
 SCHEDULER_GONE = "UNAVAILABLE: the scheduler went away; the request was lost"
+# Attach waits for the scheduler to be up; this only spaces out attempts that failed outright.
+_REATTACH_BACKOFF_S = 1.0
 
 
 class EventRouter:
@@ -84,22 +87,47 @@ class EventRouter:
                 await self._consume()
             except (PeerGone, ShmError, grpc.RpcError) as err:
                 log.error("lost the scheduler (%s); failing in-flight requests", err)
+            self.attached.clear()
             self._fail_all()
-            await self._attach()
+            await self._reattach()
+
+    async def _reattach(self) -> None:
+        while True:
+            try:
+                await self._attach()
+                return
+            except (grpc.RpcError, ShmError) as err:
+                log.warning("attaching to the scheduler again failed (%s); retrying", err)
+                await asyncio.sleep(_REATTACH_BACKOFF_S)
 
     async def _consume(self) -> None:
-        if self._ring is not None:
-            ring = self._ring
-            try:
-                while True:
-                    self.dispatch(hp.EventBatch.FromString(await ring.get_async()))
-            finally:
+        """Until the scheduler is lost. The StreamEvents call is held open either way: its end
+        is how each side learns at once that the other is gone."""
+        stream = self.stub.StreamEvents(spb.StreamEventsRequest(tokenizer_id=self.tokenizer_id))
+        ring, self._ring = self._ring, None
+        tasks = [asyncio.create_task(self._read_stream(stream))]
+        if ring is not None:
+            tasks.append(asyncio.create_task(self._read_ring(ring)))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises why it ended
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            stream.cancel()
+            if ring is not None:
                 ring.close()
-        else:
-            stream = self.stub.StreamEvents(spb.StreamEventsRequest(tokenizer_id=self.tokenizer_id))
-            async for batch in stream:
-                self.dispatch(batch)
-            raise PeerGone("the scheduler ended the event stream")
+
+    async def _read_stream(self, stream: AsyncIterator[hp.EventBatch]) -> None:
+        async for batch in stream:
+            self.dispatch(batch)
+        raise PeerGone("the scheduler ended the event stream")
+
+    async def _read_ring(self, ring: RingConsumer) -> None:
+        while True:
+            self.dispatch(hp.EventBatch.FromString(await ring.get_async()))
 
     def dispatch(self, batch: hp.EventBatch) -> None:
         self.waiting = batch.waiting

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 # Prompts longer than this many characters are tokenized off the event loop.
 _INLINE_TOKENIZE_CHARS = 4096
+# A call ended this close to its deadline ended by it (the client's clock runs out first): the
+# scheduler drops the request at that deadline by itself, so no Cancel is sent.
+_DEADLINE_SLACK_S = 0.1
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -126,8 +129,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         finally:
             if submitted:
                 self.router.close(spec.request_id)
-                if not finished:
-                    # The client went away, or a stop string ended it: stop the work too.
+                remaining = context.time_remaining()
+                expired = remaining is not None and remaining < _DEADLINE_SLACK_S
+                if not finished and not expired:
+                    # The client went away, or a stop string ended it: stop the work too. (At
+                    # the client's deadline the scheduler drops the request by itself.)
                     with call.active():  # the task copies the context: Cancel joins the trace
                         task = asyncio.create_task(self._cancel(spec.request_id))
                     self._background.add(task)

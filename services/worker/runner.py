@@ -51,6 +51,7 @@ class StepRunner:
 
     def reset(self) -> None:
         """A new scheduler attached: no sequence carries over."""
+        self.engine.release(str(seq_id) for seq_id in self.seqs)
         self.seqs.clear()
         self.telemetry.reset()
 

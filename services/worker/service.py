@@ -16,7 +16,7 @@ import time
 from grpc import aio
 
 from engine.engine import Engine
-from services.errors import InvalidArgument, Unavailable
+from services.errors import Unavailable
 from services.telemetry.step_telemetry import StepTelemetry
 from services.worker.runner import StepRunner
 from services.worker.threads import ThreadPolicy
@@ -112,11 +112,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Attach(
         self, request: wpb.WorkerAttachRequest, context: aio.ServicerContext
     ) -> wpb.WorkerAttachResponse:
-        if not request.step_ring:
-            raise InvalidArgument("step_ring", "is required")
         self.stop_loop()
         with self.lock:
             self.runner.reset()  # a new scheduler: no sequence carries over
+        if not request.step_ring:
+            log.info("a scheduler attached; steps come as Step calls")
+            return wpb.WorkerAttachResponse()
         try:
             self.loop = RingLoop(self.runner, self.lock, request.step_ring)
         except ShmError as err:

@@ -29,7 +29,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.local_pipeline import shm_names_of
+from harness.pipeline import shm_names_of
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 from tests.deploy.compose_local import (

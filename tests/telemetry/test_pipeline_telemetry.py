@@ -18,7 +18,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.local_pipeline import Pipeline, pipeline
+from harness.pipeline import Pipeline, pipeline
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 from tests.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan

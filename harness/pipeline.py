@@ -2,8 +2,9 @@
 
 Free ports are picked per pipeline, the environment is copied (never mutated; `env` adds to the
 copy), readiness is the launcher's "tandem serving" line, and a launcher that exits while
-starting fails the test at once with the tail of its log. The lines before it name each
-process's metrics endpoint.
+starting fails at once with the tail of its log. The launcher's log is read as it is written:
+each "started NAME (pid N) at ADDRESS" line records a process (and calls `on_started[NAME]`,
+which is how a test kills a process at a chosen moment of the start-up).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,14 @@ from pathlib import Path
 from services.launcher import free_port
 
 READY_TIMEOUT_S = 240.0
+_STARTED = re.compile(r"started (\S+) \(pid (\d+)\) at (\S+)")
+
+
+@dataclass
+class Process:
+    name: str  # "worker", "scheduler", "tokenizer-1", ...
+    pid: int
+    address: str  # its own gRPC port (health; a tokenizer serves the public API there too)
 
 
 @dataclass
@@ -33,17 +41,28 @@ class Pipeline:
     worker_address: str
     proc: subprocess.Popen[str]
     log_path: Path
-    # Process name ("worker", "scheduler", "tokenizer-1", ...) -> its /metrics URL.
+    # Process name -> its /metrics URL.
     metrics: dict[str, str] = field(default_factory=dict)
+    # Every process the launcher started, restarts included, in order.
+    started: list[Process] = field(default_factory=list)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def child_pids(self) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {}
-        for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", self.log()):
-            pids.setdefault(name, []).append(int(pid))
+        for p in list(self.started):
+            pids.setdefault(p.name, []).append(p.pid)
         return pids
+
+    def latest(self, name: str) -> Process:
+        return next(p for p in reversed(list(self.started)) if p.name == name)
+
+    def kill(self, name: str) -> int:
+        """SIGKILL the newest process of that name; returns its pid."""
+        pid = self.latest(name).pid
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
 
 def shm_names_of(pids: list[int]) -> list[str]:
@@ -58,7 +77,10 @@ def shm_names_of(pids: list[int]) -> list[str]:
 
 @contextmanager
 def pipeline(
-    log_dir: Path, *flags: str, env: Mapping[str, str] | None = None
+    log_dir: Path,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    on_started: Mapping[str, Callable[[Pipeline], None]] | None = None,
 ) -> Iterator[Pipeline]:
     port, sched, worker = free_port(), free_port(), free_port()
     log_path = log_dir / f"serve-{port}.log"
@@ -76,24 +98,38 @@ def pipeline(
         *flags,
     ]
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=child_env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env
+    )
+    running = Pipeline(
+        f"127.0.0.1:{port}", f"127.0.0.1:{sched}", f"127.0.0.1:{worker}", proc, log_path
+    )
+    hooks = dict(on_started or {})
+
+    def pump_log() -> None:
+        with log_path.open("w") as log:
+            for line in proc.stderr or ():
+                log.write(line)
+                log.flush()
+                if match := _STARTED.search(line):
+                    running.started.append(Process(match[1], int(match[2]), match[3]))
+                    hook = hooks.pop(match[1], None)
+                    if hook is not None:
+                        hook(running)
+
     lines: queue.Queue[str | None] = queue.Queue()
 
-    def pump() -> None:
+    def pump_stdout() -> None:
         for line in proc.stdout or ():
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=pump, daemon=True).start()
-    running = Pipeline(
-        f"127.0.0.1:{port}", f"127.0.0.1:{sched}", f"127.0.0.1:{worker}", proc, log_path
-    )
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    threading.Thread(target=pump_log, daemon=True).start()
+    threading.Thread(target=pump_stdout, daemon=True).start()
     try:
         while True:
             try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                line = lines.get(timeout=READY_TIMEOUT_S)
             except queue.Empty:
                 raise RuntimeError(
                     f"pipeline not ready in {READY_TIMEOUT_S} s:\n{running.log()[-3000:]}"
