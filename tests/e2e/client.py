@@ -111,11 +111,14 @@ class Reference:
         self.tokenizer: Tokenizer = load_tokenizer(model)
 
     def generate(
-        self, ids: list[int], max_tokens: int, sampling: SamplingParams = GREEDY
+        self,
+        ids: list[int],
+        max_tokens: int,
+        sampling: SamplingParams = GREEDY,
+        ignore_eos: bool = False,
     ) -> Generation:
-        request = GenerationRequest(
-            ids, sampling, max_tokens, stop_token_ids=self.tokenizer.eos_token_ids
-        )
+        stop = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
+        request = GenerationRequest(ids, sampling, max_tokens, stop_token_ids=stop)
         result = Generation(request)
         for _ in generate(self.engine, self.tokenizer, request, result):
             pass
@@ -125,15 +128,17 @@ class Reference:
         self, ids: list[int], tokens: list[int], sampling: SamplingParams = GREEDY
     ) -> list[list[tuple[int, float]]]:
         """The top-5 (token, logprob) at each of `tokens`' positions, `tokens` fed one by one
-        after the prompt whatever the engine itself would have picked (teacher forcing)."""
+        after the prompt whatever the engine itself would have picked (teacher forcing).
+        Logprobs are the model's own, before penalties, temperature or top-p/k."""
         engine = self.engine
         params = replace(sampling, logprobs=5)
         table = list(range(-(-(len(ids) + len(tokens)) // engine.block_size)))
-        step = SeqInput("forced", ids, 0, table, params)
+        n = len(ids)
+        step = SeqInput("forced", ids, 0, table, params, prompt_len=n)
         tops = []
         for i, token in enumerate(tokens):
             (out,) = engine.step([step])
             tops.append(out.top_logprobs)
-            step = SeqInput("forced", [token], len(ids) + i, table, params)
+            step = SeqInput("forced", [token], n + i, table, params, prompt_len=n)
         engine.release(["forced"])
         return tops
