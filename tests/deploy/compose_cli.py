@@ -68,10 +68,19 @@ class Compose:
         if done.returncode != 0:
             raise CommandFailed(f"exit {done.returncode}: {' '.join(argv)}")
 
-    def python(self, service: str, source: str, *args: str, timeout: float = 60) -> Any:
-        """Run `source` with the service container's Python; its one line of JSON, parsed."""
-        done = self.run("exec", "-T", service, "python", "-", *args, stdin=source, timeout=timeout)
-        return json.loads(done.stdout.strip().splitlines()[-1])
+    def python(
+        self, service: str, source: str, *args: str, timeout: float = 60, may_die: bool = False
+    ) -> Any:
+        """Run `source` with the service container's Python; its last line of JSON, parsed.
+
+        `may_die`: the script kills the container's main process, and with it itself (exit 137),
+        after printing its line."""
+        argv = ("exec", "-T", service, "python", "-", *args)
+        done = self.run(*argv, stdin=source, timeout=timeout, check=not may_die)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode not in (0, 137) or not lines:
+            raise CommandFailed(f"exit {done.returncode} of {' '.join(argv)}: {done.stderr}")
+        return json.loads(lines[-1])
 
     def container(self, service: str) -> str:
         ids = self.run("ps", "-a", "-q", service, timeout=30).stdout.split()

@@ -8,8 +8,9 @@ Prints one JSON object:
               only the locks of processes visible in the reader's pid namespace, so this is what
               this container's stage owns (its segments) or consumes (a ring's ".space" lock)
 
-With the arguments `kill MODULE` it first sends SIGKILL to this container's `python -m MODULE`
-process and adds `killed` (its pid here) and `killed_at` (the host's clock: containers share it).
+With the arguments `kill MODULE` it sends SIGKILL to this container's `python -m MODULE` process
+instead, and prints `killed` (its pid here) and `killed_at` (the host's clock: containers share
+it) first: when the container's main process dies, Docker kills this one too.
 
 Only the standard library and the image's own `shm` package: this file is not in the image.
 """
@@ -63,9 +64,9 @@ def main(argv: list[str]) -> int:
     out: dict[str, object] = {}
     if argv[:1] == ["kill"]:
         pid = stage_pid(argv[1])
+        print(json.dumps({"killed": pid, "killed_at": time.time()}), flush=True)
         os.kill(pid, signal.SIGKILL)
-        out["killed"] = pid
-        out["killed_at"] = time.time()
+        return 0
     out["pid_ns"] = os.readlink("/proc/self/ns/pid")
     out["entries"] = [
         {"name": e.path.name, "kind": e.kind, "alive": e.alive} for e in reaper.scan()
