@@ -11,7 +11,19 @@ GENERATED := tandem/.generated
 MODELS_STAMP := $(VENV)/.tandem-models
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench protos clean
+# The CPU image and the real compose deployment (`make image`, `make deploy-test`). Here Debian's
+# client at /usr/bin/docker is the one with BuildKit built in (../shared/docker/setup.sh).
+DOCKER ?= $(if $(wildcard /usr/bin/docker),/usr/bin/docker,docker)
+IMAGE ?= tandem:cpu
+DOCKER_BUILD_FLAGS ?= --network host
+# The CPU torch wheel of TORCH_SPEC's version for the image's Python (3.11), where pip already
+# has it on disk (its find-links folders, as on our machines); else the image takes torch from
+# PyTorch's CPU index.
+FIND_LINKS = $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+IMAGE_TORCH_WHEEL ?= $(firstword $(wildcard $(addsuffix /torch-$(patsubst torch==%,%,$(firstword \
+	$(TORCH_SPEC)))+cpu-cp311-*.whl,$(sort $(FIND_LINKS)))))
+
+.PHONY: setup run test lint bench protos clean image deploy-test
 
 setup: $(STAMP) $(GENERATED) $(MODELS_STAMP)
 
@@ -45,6 +57,21 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# Where a local wheel is used it is linked into .whl/ (git ignores it), the one folder of the
+# build context the Dockerfile's `torch-wheels` stage reads.
+image:
+	@mkdir -p .whl
+	$(if $(IMAGE_TORCH_WHEEL),ln -f $(IMAGE_TORCH_WHEEL) .whl/ 2>/dev/null \
+		|| cp -f $(IMAGE_TORCH_WHEEL) .whl/)
+	DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) -f deploy/Dockerfile -t $(IMAGE) \
+		$(if $(IMAGE_TORCH_WHEEL),--build-arg TORCH_SOURCE=wheels \
+			--build-arg TORCH_SPEC=/wheels/$(notdir $(IMAGE_TORCH_WHEEL))) .
+	@$(DOCKER) image ls $(IMAGE)
+
+# The compose deployment for real (tests/deploy/run_compose.py says what it checks).
+deploy-test: setup image
+	$(PY) -m tests.deploy.run_compose --docker $(DOCKER) --image $(IMAGE)
 
 bench: setup
 	$(PY) -m bench.engine

@@ -81,11 +81,25 @@ def _interpolated(node: Any, variables: Mapping[str, str]) -> Any:
     return node
 
 
+class _Reset:
+    """Compose's `!reset` tag in an override file: drop what the files before it set here."""
+
+
+RESET = _Reset()
+
+
+class ComposeLoader(yaml.SafeLoader):
+    pass
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+
+
 def load_compose(
     path: Path = COMPOSE_FILE, variables: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """The compose file as Compose sees it when no shell variable is set: .env, then defaults."""
-    raw = yaml.safe_load(path.read_text())
+    raw = yaml.load(path.read_text(), Loader=ComposeLoader)  # a SafeLoader, plus `!reset`
     return dict(_interpolated(raw, read_dotenv() if variables is None else variables))
 
 

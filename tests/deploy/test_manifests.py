@@ -256,8 +256,13 @@ def test_mounted_files_exist_and_grafana_reads_its_provisioned_datasource(
         (DEPLOY / "grafana/provisioning/datasources/datasources.yml").read_text()
     )["datasources"]
     uids = {d["uid"]: d for d in datasources}
-    assert uids["prometheus"]["url"] == "http://prometheus:9090"
-    assert uids["jaeger"]["url"] == "http://jaeger:16686"
+    # Grafana fills the URLs in from its environment: the compose network's names here, loopback
+    # in docker-compose.host.yml (tests/deploy/test_host_override.py).
+    assert uids["prometheus"]["url"] == "${TANDEM_PROMETHEUS_URL}"
+    assert uids["jaeger"]["url"] == "${TANDEM_JAEGER_URL}"
+    env = compose["services"]["grafana"]["environment"]
+    assert env["TANDEM_PROMETHEUS_URL"] == "http://prometheus:9090"
+    assert env["TANDEM_JAEGER_URL"] == "http://jaeger:16686"
     provider = yaml.safe_load(
         (DEPLOY / "grafana/provisioning/dashboards/dashboards.yml").read_text()
     )["providers"][0]
@@ -412,6 +417,26 @@ def test_the_images_are_built_as_the_makefile_builds_and_run_unprivileged(name: 
         s for line in re.findall(r"^COPY (?!--)(.+) \S+$", text, re.MULTILINE) for s in line.split()
     }
     assert sources <= allowed
+    # A `# syntax=` line would make BuildKit pull a frontend image: no registry is reachable here.
+    assert not text.startswith("# syntax=")
+
+
+def test_the_cpu_image_pins_the_makefiles_torch_from_the_index_or_a_local_wheel() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    pin = re.search(r"^TORCH_SPEC \?= (\S+)$", makefile, re.MULTILINE)
+    assert pin is not None
+    index = text.split("AS torch-index\n", 1)[1].split("\nFROM ", 1)[0]
+    assert f'ARG TORCH_SPEC="{pin[1]}"' in index
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in index
+    assert "ARG TORCH_SOURCE=index" in text.split("\nFROM ", 1)[0]  # the default, before any FROM
+    assert "FROM torch-${TORCH_SOURCE} AS build" in text
+    # Only the wheels stage reads .whl/, the one folder `make image` links a wheel into.
+    wheels = text.split("AS torch-wheels\n", 1)[1].split("\nFROM ", 1)[0]
+    assert "--mount=type=bind,source=.whl,target=/wheels" in wheels
+    assert text.count("source=.whl") == 1
+    assert "!.whl/torch-*.whl" in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "/.whl/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
 # services/healthcheck.py

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from _shm_peer import Peer
@@ -57,6 +61,44 @@ def test_sigkill_leaves_names_that_the_reaper_removes(spawn: Callable[..., Peer]
     assert {f.rsplit("/", 1)[1] for f in files} <= dead
     reap()
     assert not any(os.path.exists(f) for f in files)
+
+
+def test_an_owner_in_another_pid_namespace_is_judged_by_its_lock_not_its_pid() -> None:
+    """As between containers sharing one /dev/shm: the owner is PID 1 of a namespace of its own,
+    a PID that here is init's and always alive; its names go dead, and get reaped, when it dies."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    peer = Path(__file__).with_name("_shm_peer.py")
+    path = os.pathsep.join(filter(None, [str(peer.parents[2]), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        # --kill-child: the peer (PID 1 in there) gets SIGKILL when unshare does.
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(peer), "hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
+        text=True,
+    )
+    files: list[str] = []
+    try:
+        assert proc.stdout is not None
+        names = [proc.stdout.readline().strip() for _ in range(2)]
+        if not all(names):
+            pytest.skip("this machine does not let us make a PID namespace (root or userns)")
+        files = _files(*names)
+        assert all(name.startswith("/tandem-1-") for name in names)  # its pid, in its namespace
+        assert all(e.alive for e in scan() if f"/dev/shm/{e.path.name}" in files)
+        assert not {f"/dev/shm/{e.path.name}" for e in reap(dry_run=True)} & set(files)
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.read()  # EOF once the peer is dead too: it holds the pipe's other end
+        dead = {f"/dev/shm/{e.path.name}" for e in reap(dry_run=True)}
+        assert set(files) <= dead
+    finally:
+        proc.kill()
+        proc.wait(30)
+        for name in files:  # only what this peer made: other dead owners are not this test's
+            Path(name).unlink(missing_ok=True)
 
 
 def test_reaper_spares_live_owners() -> None:
