@@ -7,7 +7,7 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -308,10 +308,10 @@ def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> 
     replays = 0
     plain_run = graphs.run
 
-    def counted(batch: list[SeqInput]) -> GraphOutputs:
+    def counted(*inputs: Any) -> GraphOutputs:
         nonlocal replays
         replays += 1
-        return plain_run(batch)
+        return plain_run(*inputs)
 
     graphs.run = counted  # type: ignore[method-assign]
     ids = prompt(40, engine.config.vocab_size)
