@@ -145,12 +145,15 @@ class PagedDecode:
         if self.fixed_part_blocks is not None:
             return self.fixed_part_blocks
         programs = batch * self.n_kv
-        return 4 if programs <= 64 else (16 if programs <= 512 else 32)
+        return 16 if programs <= 512 else (32 if programs <= 1024 else 64)
 
     def tiling(self, batch: int) -> Tiling:
+        # The fastest of bench/attention_tiles.py's variants at 8-256 sequences of 640 tokens
+        # and 16 of 4,096 (bench/RESULTS-gpu.md).
         if self.fixed_tiling is not None:
             return self.fixed_tiling
-        return Tiling(self.block_size)
+        tile = 64 if batch * self.n_kv > 1024 else 32
+        return Tiling(max(tile, self.block_size), 4, True)
 
     def variant(self, batch: int) -> tuple[int, Tiling]:
         """What the kernel is compiled for at this batch size (the rest are plain arguments)."""
