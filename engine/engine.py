@@ -168,6 +168,7 @@ class Engine:
             representative_batches(self.max_num_seqs, variant),
             graph_sizes,
             max_step_tokens,
+            self.max_num_seqs,
         )
         for batch in batches:
             self.step(batch)

@@ -44,10 +44,11 @@ def warm_up_batches(
     decode_sizes: list[int],
     graph_sizes: list[int],
     max_step_tokens: int,
+    max_num_seqs: int,
 ) -> list[list[SeqInput]]:
     """The batches to step through, in order. decode_sizes: decode rows to mix with prefills
     (one per variant of the eager attention kernel); graph_sizes: decode-only batches, which
-    CUDA graphs serve (empty without graphs)."""
+    CUDA graphs serve (empty without graphs); no step decodes more than max_num_seqs rows."""
     longest = max(2, min(max_step_tokens, config.max_seq_len - 1, num_blocks * block_size - 1))
     table = list(range(-(-(longest + 1) // block_size)))
     vocab = config.vocab_size
@@ -75,14 +76,13 @@ def warm_up_batches(
     pos = min(longest - 1, 4 * block_size + 1)
     for n in graph_sizes:
         batches.append([SeqInput(f"warm-g{i}", [i % vocab], pos, table) for i in range(n)])
-    sampled = [SeqInput(f"warm-r{i}", [i % vocab], pos, table, SAMPLED) for i in range(2)]
-    sampled.append(
-        SeqInput(
-            "warm-pen", [1], pos, table, PENALISED, prompt_len=pos // 2, prefix_ids=ids(pos, 9)
-        )
+    penalised = SeqInput(
+        "warm-pen", [2], pos, table, PENALISED, prompt_len=pos // 2, prefix_ids=ids(pos, 9)
     )
-    batches.append(sampled)
-    # One sequence decoding: its next step is replayed ahead, then asked for (a hit) twice.
+    sampled = [SeqInput("warm-r0", [1], pos, table, SAMPLED), penalised]
+    sampled.append(SeqInput("warm-r1", [3], pos, table, SAMPLED))
+    batches.append(sampled[:max_num_seqs])
+    # One sequence decoding, its next step replayed ahead (and never asked for: another token).
     start = max(1, longest - 3 - (longest % block_size))
     batches.append([SeqInput("warm-one", ids(start, 11), 0, table)])
     batches += [[SeqInput("warm-one", [7], start + i, table, GREEDY)] for i in range(3)]

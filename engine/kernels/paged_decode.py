@@ -3,10 +3,11 @@
 One query token per sequence. Program (b, h, s) takes sequence b, KV head h (and the GQA group
 of query heads that share it), and the s-th partition of the context: PART_BLOCKS blocks read
 through the block table, TILE tokens (TILE / BLOCK blocks, each token's row found through its
-block's id) a loop iteration. Each partition leaves an unnormalised partial result with its running
-max and sum (flash-decoding); a second kernel merges the partitions. Shapes are fixed by the
-batch size alone, not by the contexts, so the launches can be captured in a CUDA graph:
-partitions past a sequence's end return at once.
+block's id) a loop iteration. Each partition leaves an unnormalised partial result with its
+running max and sum (flash-decoding); a second kernel merges the partitions. A context that
+fits in one partition is written out by that partition itself, and the merge passes it by.
+Shapes are fixed by the batch size alone, not by the contexts, so the launches can be captured
+in a CUDA graph: partitions past a sequence's end return at once.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import triton.language as tl
 # width), are plain arguments: one compiled kernel serves them all.
 @triton.jit(do_not_specialize=["stride_tb", "stride_cb"])
 def _partial(
-    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, scale,
+    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, out_ptr, scale,
     stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb,
-    stride_ab, stride_ah, stride_as, stride_mb, stride_mh,
+    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
     BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr,
 ):  # fmt: skip
@@ -70,20 +71,26 @@ def _partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
-    out = acc_ptr + b * stride_ab + heads[:, None] * stride_ah + s * stride_as + d[None, :]
-    tl.store(out, acc, mask=hmask[:, None])
-    tl.store(m_out, m_i, mask=hmask)
-    tl.store(l_out, l_i, mask=hmask)
+    if ctx <= PART_BLOCKS * BLOCK:  # the context's only partition: this is the output
+        out = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+    else:
+        part = acc_ptr + b * stride_ab + heads[:, None] * stride_ah + s * stride_as + d[None, :]
+        tl.store(part, acc, mask=hmask[:, None])
+        tl.store(m_out, m_i, mask=hmask)
+        tl.store(l_out, l_i, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_cb"])
 def _merge(
-    acc_ptr, m_ptr, l_ptr, out_ptr,
-    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
-    PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr,
+    acc_ptr, m_ptr, l_ptr, out_ptr, ctx_ptr,
+    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh, stride_cb,
+    PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if tl.load(ctx_ptr + b * stride_cb) <= PART:
+        return  # one partition, which wrote the output itself
     s = tl.arange(0, PARTS_PAD)
     d = tl.arange(0, D)
     smask = s < PARTS
@@ -174,20 +181,22 @@ class PagedDecode:
         acc = self.acc[: b * n_heads * parts * hd].view(b, n_heads, parts, hd)
         maxes = self.m[: b * n_heads * parts].view(b, n_heads, parts)
         sums = self.l[: b * n_heads * parts].view(b, n_heads, parts)
+        out = torch.empty_like(q)
         _partial[(b, self.n_kv, parts)](
-            q, pool, tables, context_lens, acc, maxes, sums, hd**-0.5,
+            q, pool, tables, context_lens, acc, maxes, sums, out, hd**-0.5,
             q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
             tables.stride(0), context_lens.stride(0),
             acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
+            out.stride(0), out.stride(1),
             GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
             BLOCK=self.block_size, PART_BLOCKS=part_blocks, TILE=tile, DYNAMIC=tiling.dynamic,
             num_warps=tiling.warps,
         )  # fmt: skip
-        out = torch.empty_like(q)
         _merge[(b, n_heads)](
-            acc, maxes, sums, out,
+            acc, maxes, sums, out, context_lens,
             acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
-            out.stride(0), out.stride(1),
+            out.stride(0), out.stride(1), context_lens.stride(0),
             PARTS=parts, PARTS_PAD=triton.next_power_of_2(parts), D=hd,
+            PART=part_blocks * self.block_size,
         )  # fmt: skip
         return out

@@ -40,7 +40,7 @@ def test_the_batches_cover_each_kernel_variant_and_fit_the_pool(tiny_engine: Eng
     sizes = representative_batches(256, lambda b: 4 if b <= 8 else (16 if b <= 64 else 32))
     assert sizes == [8, 64, 256]
     batches = warm_up_batches(c, bs, num_blocks=40, decode_sizes=sizes, graph_sizes=[1, 2, 4],
-                              max_step_tokens=2048)  # fmt: skip
+                              max_step_tokens=2048, max_num_seqs=256)  # fmt: skip
     decode_groups = sorted(
         sum(len(s.token_ids) == 1 and s.start_pos > 0 for s in b)
         for b in batches
@@ -52,3 +52,5 @@ def test_the_batches_cover_each_kernel_variant_and_fit_the_pool(tiny_engine: Eng
             assert max(seq.block_table) < 40
             assert len(seq.block_table) * bs >= seq.start_pos + len(seq.token_ids)
             assert seq.start_pos + len(seq.token_ids) <= c.max_seq_len
+    one = warm_up_batches(c, bs, 40, [1], [1], 2048, max_num_seqs=1)
+    assert max(sum(len(s.token_ids) == 1 and s.start_pos > 0 for s in b) for b in one) == 1

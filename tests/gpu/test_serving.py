@@ -27,3 +27,22 @@ def test_no_kernel_is_compiled_after_the_start(tandem_home: Path) -> None:
         run = run_workload(engine, prompts, 24, profile=False)
         assert run.output_tokens == 24 * n
         assert run.compiles == [], run.compiles
+
+
+@pytest.mark.parametrize("start", [0, 300])  # a whole prompt (flash, GQA as is); a continuation
+def test_prefill_attention_matches_fp32(start: int) -> None:
+    from engine.attention import _prefill
+
+    torch.manual_seed(0)
+    heads, kv_heads, hd, q_len = 32, 8, 128, 211
+    ctx = start + q_len
+    q = torch.randn(heads, q_len, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(kv_heads, ctx, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(kv_heads, ctx, hd, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(ctx, device="cuda")
+    mask = pos[None, :] <= pos[start:, None]  # (q_len, ctx)
+    got = _prefill(q, k, v, mask if start else None)
+    kf, vf = (x.float().repeat_interleave(heads // kv_heads, 0) for x in (k, v))
+    scores = torch.einsum("hqd,hkd->hqk", q.float(), kf) / hd**0.5
+    want = torch.einsum("hqk,hkd->hqd", scores.masked_fill(~mask, float("-inf")).softmax(-1), vf)
+    assert float((got.float() - want).norm() / want.norm()) < 1e-2
