@@ -2,13 +2,15 @@
 
     python -m bench.gpu [--json PATH] [--quick] [--skip-pipeline] [--skip-hf]
 
-On the same random weights of the LLaMA-3-8B shapes (bf16): batch-1 decode against the HBM
-roofline (weight bytes ÷ a device-to-device copy bandwidth measured here); aggregate tokens/s at
-8, 64 and 256 concurrent sequences (prompt 512, output 256), and their decode steps alone,
-against the step roofline; TTFT of a 2,048-token prompt against the compute floor (FLOPs ÷ a
-matmul rate measured here); the same through the three-process pipeline; INT8 weights;
-transformers `generate` (eager and static cache); and the default model SmolLM2. Prints one
-table and writes JSON.
+On the same random weights of the LLaMA-3-8B shapes (bf16): the engine's start-up; whole
+workloads of 8, 64 and 256 requests at once (prompt 512, output 256; the scheduler's policy and
+the engine in one loop, bench/serving.py), first after the start and warm, against the
+workload's floor, with where a step's time goes; batch-1 decode against the HBM roofline
+(weight bytes ÷ a device-to-device copy bandwidth measured here); decode steps alone at 8, 64
+and 256 sequences against the step roofline; TTFT of a 2,048-token prompt against the compute
+floor (FLOPs ÷ a matmul rate measured here); the pipeline's start-up, its workloads of 64 and
+256 requests (first and warm) and batch-1 decode; INT8 weights; transformers `generate` (eager
+and static cache); and the default model SmolLM2. Prints one table and writes JSON.
 """
 
 from __future__ import annotations
@@ -31,13 +33,34 @@ from typing import Any
 
 import torch
 
-from bench.pipeline import in_process, through_pipeline
+from bench.pipeline import through_pipeline
+from bench.serving import run_workload, summarize_steps, workload_floor
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.random_weights import RandomWeights
 
 ROWS: list[dict[str, Any]] = []
+FLOORS: dict[int, float] = {}  # requests -> the 8B workload's floor, tok/s
+
+
+def show_steps(records: list[Any], n: int) -> None:
+    """One line: where a decode step of n rows and the prefill steps spent their time (µs)."""
+    s = summarize_steps(records, n)
+    parts = []
+    for kind in ("decode", "prefill"):
+        if f"{kind}_steps" not in s:
+            continue
+        host = " ".join(
+            f"{name} {s[f'{kind}_{name}_us']:.0f}"
+            for name in ("schedule", "inputs", "prepare", "sample", "outputs", "update")
+        )
+        parts.append(
+            f"{kind} x{s[f'{kind}_steps']:.0f}: wall {s[f'{kind}_wall_us']:.0f} busy "
+            f"{s[f'{kind}_busy_us']:.0f} idle {s[f'{kind}_idle_us']:.0f} ({host}) "
+            f"total {s[f'{kind}_total_s']:.2f}s"
+        )
+    print("    " + " | ".join(parts), flush=True)
 
 
 def row(
@@ -119,22 +142,18 @@ def batch1_decode(engine: Engine, prompt_len: int, steps: int) -> float:
     return 1 / times[len(times) // 2]
 
 
-def ttft(engine: Engine, prompt_len: int) -> float:
+def ttft(engine: Engine, prompt_len: int, repeats: int = 5) -> list[float]:
+    """Seconds from the step's call to its token on the host, `repeats` times, sorted."""
     ids = random_prompt(prompt_len, engine.config.vocab_size, 2)
     table = list(range(-(-prompt_len // engine.block_size)))
     engine.step([SeqInput("warm", ids, 0, table)])
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    engine.step([SeqInput("t", ids, 0, table)])  # one host sync inside: the token is back
-    return time.perf_counter() - start
-
-
-def aggregate(engine: Engine, concurrency: int, prompt_len: int, out_len: int) -> float:
-    prompts = [
-        random_prompt(prompt_len, engine.config.vocab_size, 100 + i) for i in range(concurrency)
-    ]
-    summary = in_process(engine, prompts, out_len, concurrency, concurrency)
-    return summary.tokens_per_s
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step([SeqInput("t", ids, 0, table)])  # one host sync inside: the token is back
+        times.append(time.perf_counter() - start)
+    return sorted(times)
 
 
 def decode_steps(engine: Engine, n: int, context: int, steps: int) -> float:
@@ -208,8 +227,8 @@ def graph_only(engine: Engine, prompt_len: int, steps: int) -> float:
     ids = random_prompt(prompt_len, engine.config.vocab_size, 3)
     table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
     engine.step([SeqInput("g", ids, 0, table)])
-    batch = [SeqInput("g", [1], prompt_len, table)]
-    graphs.run(batch)
+    engine.step([SeqInput("g", [1], prompt_len, table)])  # the bucket's rows hold this step
+    engine._ahead = None
     graph, _ = graphs.graphs[1]
     seconds = timed(graph.replay, steps)
     engine.release(["g"])
@@ -226,12 +245,37 @@ def measure_8b(
     skip_hf: bool,
 ) -> tuple[int, Any]:
     """Everything on the bf16 engine (and transformers) of the 8B shapes; frees it on return."""
+    started = time.perf_counter()
     engine = Engine.from_path(
         path, "cuda", "bfloat16", kv_cache_bytes=48 << 30, progress=False, max_num_seqs=256
     )
+    row(
+        "8B start-up (load, graphs, warm-up)",
+        "tandem engine",
+        time.perf_counter() - started,
+        "s",
+        **{f"{k}_s": v for k, v in engine.start_times.items()},
+    )
     wbytes = weight_bytes(engine)
     c = engine.config
+    params = sum(p.numel() for p in engine.model.parameters())
     roofline_b1 = bandwidth / wbytes
+    for k, n in enumerate(concurrencies):
+        prompts = [random_prompt(512, c.vocab_size, 100 + i) for i in range(n)]
+        floor = workload_floor(c, params, wbytes, [512] * n, out_len, flops, bandwidth)
+        for label in ("first after start" if k == 0 else "first of its size", "warm"):
+            run = run_workload(engine, prompts, out_len)
+            FLOORS[n] = run.output_tokens / floor
+            row(
+                f"8B workload, {n} requests",
+                f"tandem engine, {label}",
+                run.tokens_per_s,
+                "tok/s",
+                FLOORS[n],
+                compiles=run.compiles,
+                steps=summarize_steps(run.steps, n),
+            )
+            show_steps(run.steps, n)
     row(
         "8B batch-1 decode",
         "tandem engine (graphs)",
@@ -269,24 +313,22 @@ def measure_8b(
         # Step roofline: weights once, plus each sequence's KV read, at mid-generation length.
         step_bytes = wbytes + n * (512 + out_len // 2) * kv_per_token
         row(
-            f"8B aggregate, {n} seqs",
-            "tandem engine",
-            aggregate(engine, n, 512, out_len),
-            "tok/s",
-            n * bandwidth / step_bytes,
-        )
-        row(
             f"8B decode steps, {n} seqs",
             "tandem engine",
             decode_steps(engine, n, 512 + out_len // 2, min(steps, 64)),
             "tok/s",
             n * bandwidth / step_bytes,
         )
-    params = sum(p.numel() for p in engine.model.parameters())
     attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim  # QK^T and PV, causal half each
     floor = (2 * params * 2048 + attention_flops) / flops
+    times = ttft(engine, 2048)
     row(
-        "8B TTFT, 2048-token prompt", "tandem engine", ttft(engine, 2048) * 1000, "ms", floor * 1000
+        "8B TTFT, 2048-token prompt (median of 5)",
+        "tandem engine",
+        times[len(times) // 2] * 1000,
+        "ms",
+        floor * 1000,
+        all_ms=[t * 1000 for t in times],
     )
     eager = Engine(engine.loaded, engine.num_kv_blocks, engine.block_size, 256, cuda_graphs=False)
     row(
@@ -312,7 +354,9 @@ def measure_8b(
     return wbytes, c
 
 
-def run_pipeline(c: Any, steps: int, out_len: int, roofline_b1: float) -> None:
+def run_pipeline(
+    c: Any, steps: int, out_len: int, roofline_b1: float, concurrencies: list[int]
+) -> None:
     from harness.pipeline import pipeline
 
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
@@ -331,11 +375,37 @@ def run_pipeline(c: Any, steps: int, out_len: int, roofline_b1: float) -> None:
         "600",
     )
     try:
+        started = time.perf_counter()
         with pipeline(log_dir, *flags) as served:
-            prompts = [random_prompt(512, c.vocab_size, 200 + i) for i in range(64)]
+            row("8B start-up (until ready)", "tandem pipeline", time.perf_counter() - started, "s")
+            for k, n in enumerate(concurrencies):
+                for j, label in enumerate(("first run", "warm")):
+                    # Other prompts each run: the scheduler's prefix cache outlives a run.
+                    seed = 1000 * (2 * k + j + 1)
+                    prompts = [random_prompt(512, c.vocab_size, seed + i) for i in range(n)]
+                    run = asyncio.run(
+                        through_pipeline(
+                            served.address, served.scheduler_address, "pipeline", prompts,
+                            out_len, n, warm_up=False,
+                        )
+                    )  # fmt: skip
+                    row(
+                        f"8B workload, {n} requests",
+                        f"tandem pipeline, {label}",
+                        run.tokens_per_s,
+                        "tok/s",
+                        FLOORS.get(n, 0.0),
+                        ttft_p50_ms=run.ttft_p50_ms,
+                        ttft_p99_ms=run.ttft_p99_ms,
+                        itl_p50_ms=run.itl_p50_ms,
+                        itl_p99_ms=run.itl_p99_ms,
+                        hop_p50_us=run.hop_p50_us,
+                        hop_p99_us=run.hop_p99_us,
+                    )
+            prompts = [random_prompt(512, c.vocab_size, 200)]
             one = asyncio.run(
                 through_pipeline(
-                    served.address, served.scheduler_address, "pipeline", prompts[:1], steps, 1
+                    served.address, served.scheduler_address, "pipeline", prompts, steps, 1
                 )
             )
             row(
@@ -346,19 +416,6 @@ def run_pipeline(c: Any, steps: int, out_len: int, roofline_b1: float) -> None:
                 roofline_b1,
                 hop_p50_us=one.hop_p50_us,
                 hop_p99_us=one.hop_p99_us,
-            )
-            many = asyncio.run(
-                through_pipeline(
-                    served.address, served.scheduler_address, "pipeline", prompts, out_len, 64
-                )
-            )
-            row(
-                "8B aggregate, 64 seqs",
-                "tandem pipeline",
-                many.tokens_per_s,
-                "tok/s",
-                hop_p50_us=many.hop_p50_us,
-                hop_p99_us=many.hop_p99_us,
             )
     finally:
         for log in log_dir.glob("*.log"):
@@ -430,7 +487,7 @@ def main() -> None:
 
     if not args.skip_pipeline:
         try:
-            run_pipeline(c, steps, out_len, roofline_b1)
+            run_pipeline(c, steps, out_len, roofline_b1, [n for n in concurrencies if n >= 64])
         except Exception as err:  # a broken pipeline must not lose the other measurements
             print(f"pipeline run failed: {err!r}", flush=True)
             ROWS.append({"case": "pipeline", "error": repr(err)})
@@ -450,10 +507,11 @@ def main() -> None:
             "tok/s",
             bandwidth / weight_bytes(small),
         )
+        prompts = [random_prompt(512, small.config.vocab_size, 100 + i) for i in range(64)]
         row(
-            "SmolLM2 aggregate, 64 seqs",
+            "SmolLM2 workload, 64 requests",
             "tandem engine",
-            aggregate(small, 64, 512, out_len),
+            run_workload(small, prompts, out_len).tokens_per_s,
             "tok/s",
         )
         del small

@@ -153,7 +153,9 @@ async def through_pipeline(
     prompts: list[list[int]],
     out_len: int,
     concurrency: int,
+    warm_up: bool = True,
 ) -> Summary:
+    """`warm_up`: one short request first, not counted."""
     gate = asyncio.Semaphore(concurrency)
     lines: list[Timeline] = []
 
@@ -173,8 +175,9 @@ async def through_pipeline(
 
     async with aio.insecure_channel(address) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
-        await one(stub, prompts[0][:8])  # warm-up, not counted
-        lines.clear()
+        if warm_up:
+            await one(stub, prompts[0][:8])
+            lines.clear()
         start = time.perf_counter()
         await asyncio.gather(*(one(stub, ids) for ids in prompts))
         wall = time.perf_counter() - start

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -70,15 +72,14 @@ class KernelDecode:
         return self.kernel(q, pool, self.tables, self.context_lens)
 
 
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) int64 pool slot of each new token
     prefills: list[PrefillSpan]
     decodes: DecodeGroup | None
-
-
-def _slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    return table[positions // block_size] * block_size + positions % block_size
 
 
 def build_metadata(
@@ -90,7 +91,8 @@ def build_metadata(
     decode_kernel: Callable[..., torch.Tensor] | None = None,
 ) -> AttentionMetadata:
     """starts[i]: position of sequence i's first new token; lengths[i]: its number of new tokens."""
-    slot_parts: list[torch.Tensor] = []
+    # Built in numpy, not a tensor per sequence: a mixed step can carry hundreds of decodes.
+    slot_parts: list[np.ndarray] = []
     prefills: list[PrefillSpan] = []
     decode_idx: list[int] = []
     row = 0
@@ -102,44 +104,63 @@ def build_metadata(
         row_of.append(row)
         if length == 1 and start > 0:
             decode_idx.append(i)
-            slot_parts.append(torch.empty(0, dtype=torch.int64))  # filled in below
+            slot_parts.append(_NO_SLOTS)  # filled in below
         else:
-            table_t = torch.tensor(table, dtype=torch.int64)
-            positions = torch.arange(ctx)
-            seq_slots = _slots(table_t, positions, block_size)
+            positions = np.arange(ctx)
+            seq_slots = np.asarray(table, dtype=np.int64)[positions // block_size] * block_size
+            seq_slots += positions % block_size
             slot_parts.append(seq_slots[start:])
             if start == 0:
                 prefills.append(PrefillSpan(row, row + length, None, None))
             else:
                 mask = positions[None, :] <= positions[start:, None]  # (q_len, ctx)
                 prefills.append(
-                    PrefillSpan(row, row + length, seq_slots.to(device), mask.to(device))
+                    PrefillSpan(
+                        row,
+                        row + length,
+                        torch.from_numpy(seq_slots).to(device),
+                        torch.from_numpy(mask).to(device),
+                    )
                 )
         row += length
     decodes: DecodeGroup | None = None
     if decode_idx:
-        ctx_lens = torch.tensor([starts[i] + 1 for i in decode_idx])
-        max_blocks = max(len(block_tables[i]) for i in decode_idx)
-        tables = torch.zeros((len(decode_idx), max_blocks), dtype=torch.int64)
+        n = len(decode_idx)
+        ctx_lens = np.fromiter((starts[i] + 1 for i in decode_idx), np.int64, n)
+        lens = [len(block_tables[i]) for i in decode_idx]
+        tables = np.zeros((n, max(lens)), dtype=np.int64)
         for j, i in enumerate(decode_idx):
-            tables[j, : len(block_tables[i])] = torch.tensor(block_tables[i])
+            tables[j, : lens[j]] = block_tables[i]
         new_pos = ctx_lens - 1  # (B,) the position each decode writes
-        new_blocks = tables.gather(1, (new_pos // block_size)[:, None])[:, 0]
-        new_slots = new_blocks * block_size + new_pos % block_size
+        new_slots = tables[np.arange(n), new_pos // block_size] * block_size + new_pos % block_size
         for j, i in enumerate(decode_idx):
             slot_parts[i] = new_slots[j : j + 1]
-        rows = torch.tensor([row_of[i] for i in decode_idx], device=device)
+        rows = torch.tensor([row_of[i] for i in decode_idx]).to(device)
         if decode_kernel is not None:
             # The kernel walks the block tables itself: no per-key slots to build.
-            decodes = KernelDecode(rows, tables.to(device), ctx_lens.to(device), decode_kernel)
+            decodes = KernelDecode(
+                rows,
+                torch.from_numpy(tables).to(device),
+                torch.from_numpy(ctx_lens).to(device),
+                decode_kernel,
+            )
         else:
-            positions = torch.arange(int(ctx_lens.max()))
+            positions = np.arange(int(ctx_lens.max()))
             key_slots = tables[:, positions // block_size] * block_size + positions % block_size
             valid = positions[None, :] < ctx_lens[:, None]  # (B, max_ctx)
-            decodes = GatherDecode(rows, key_slots.to(device), valid.to(device)[:, None, None, :])
-    return AttentionMetadata(
-        slot_mapping=torch.cat(slot_parts).to(device), prefills=prefills, decodes=decodes
-    )
+            decodes = GatherDecode(
+                rows,
+                torch.from_numpy(key_slots).to(device),
+                torch.from_numpy(valid).to(device)[:, None, None, :],
+            )
+    slot_mapping = torch.from_numpy(np.concatenate(slot_parts)).to(device)
+    return AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decodes=decodes)
+
+
+# cuDNN's attention builds an execution plan on the host for each new shape of queries and keys,
+# which every new length of prefill chunk paid for (bench/RESULTS-gpu.md); these build nothing.
+_FLASH = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # math: where flash cannot run
+_PORTABLE = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
 def _prefill(
@@ -149,16 +170,21 @@ def _prefill(
     # Fused kernels (flash, memory-efficient) want 4-D inputs; 3-D ones fall back to the math
     # path, which on CUDA also upcasts to fp32 and materialises the scores.
     q, k, v = q[None], k[None], v[None]  # (1, heads, len, hd)
-    mask4 = None if mask is None else mask[None, None]
-    if q.is_cuda and k.shape[1] != q.shape[1]:
-        # On CUDA those kernels take GQA only as repeated heads.
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4, is_causal=mask is None)
-    else:
+    if not q.is_cuda:
+        mask4 = None if mask is None else mask[None, None]
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask4, is_causal=mask is None, enable_gqa=True
         )
+    elif mask is None and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256:
+        with sdpa_kernel(_FLASH):  # flash attention reads GQA's shared heads as they are
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        # The other kernels take GQA only as repeated heads.
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        mask4 = None if mask is None else mask[None, None]
+        with sdpa_kernel(_PORTABLE):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4, is_causal=mask is None)
     return out[0]
 
 

@@ -25,6 +25,7 @@ import torch
 
 from engine.attention import AttentionMetadata, KernelDecode
 from engine.batch import SeqInput
+from engine.errors import InvalidRequest
 from engine.kernels.greedy import GreedyPicks
 from engine.kernels.paged_decode import PagedDecode
 from engine.kv_cache import KVCache
@@ -59,6 +60,9 @@ class DecodeGraphs:
         # one while the copy of the step before it, from the other, may not have run yet. A
         # buffer is written again only once its last copy has run (`_copied`).
         self.hosts = [torch.zeros((biggest, width), dtype=torch.int64).pin_memory() for _ in "ab"]
+        # The block table each host buffer's row holds: a row is rewritten (and its block ids
+        # checked) only when its table changed, which for a decoding sequence is once a block.
+        self._tables: list[list[Sequence[int] | None]] = [[None] * biggest for _ in "ab"]
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self.kernel = PagedDecode(
@@ -74,8 +78,8 @@ class DecodeGraphs:
         self.row = RowDecoder.for_model(model, kv)
         self.greedy = GreedyPicks(biggest, config.vocab_size, device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, GraphOutputs]] = {}
-        for host in self.hosts:
-            self._fill_padding(host.numpy(), 0, biggest)
+        for turn in range(2):
+            self._fill_padding(turn, 0, biggest)
         self.rows.copy_(self.hosts[0])
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.buckets):  # largest first, so smaller ones reuse its memory
@@ -121,17 +125,20 @@ class DecodeGraphs:
             outputs = self._forward(size)
         return graph, outputs
 
-    def _fill_padding(self, host: np.ndarray, start: int, end: int) -> None:
+    def _fill_padding(self, turn: int, start: int, end: int) -> None:
         # Padding rows decode a token of nobody into the reserved dummy block.
-        pad = host[start:end]
+        pad = self.hosts[turn].numpy()[start:end]
         pad[:] = 0
         pad[:, _SLOT] = self.dummy_block * self.block_size
         pad[:, _CTX] = 1
         pad[:, _TABLE] = self.dummy_block
+        self._tables[turn][start:end] = [None] * (end - start)
 
-    def _load(self, batch: Sequence[SeqInput], positions: list[int]) -> tuple[int, GraphOutputs]:
-        """Copy the inputs of `batch` at `positions` into the static rows (tokens as given in the
-        batch); returns the bucket and its outputs' rows, to be filled by replaying the bucket."""
+    def _load(
+        self, batch: Sequence[SeqInput], tokens: np.ndarray, positions: np.ndarray
+    ) -> tuple[int, GraphOutputs]:
+        """Copy the inputs of `batch` (tokens and positions (n,)) into the static rows; returns
+        the bucket and its outputs' rows, to be filled by replaying the bucket."""
         n = len(batch)
         size = self.bucket(n)
         if size is None:
@@ -141,16 +148,25 @@ class DecodeGraphs:
         last_copy = self._copied[turn]
         if last_copy is not None:
             last_copy.synchronize()  # long done in practice: a whole step has passed since
-        buffer = self.hosts[turn]
+        buffer, tables = self.hosts[turn], self._tables[turn]
         host, bs = buffer.numpy(), self.block_size
-        for i, (seq, pos) in enumerate(zip(batch, positions, strict=True)):
+        for i, seq in enumerate(batch):
             table = seq.block_table
-            host[i, _TOKEN] = seq.token_ids[0]
-            host[i, _POS] = pos
-            host[i, _SLOT] = table[pos // bs] * bs + pos % bs
-            host[i, _CTX] = pos + 1
-            host[i, _TABLE : _TABLE + len(table)] = np.asarray(table, dtype=np.int64)
-        self._fill_padding(host, n, size)
+            held = tables[i]
+            if held is not table and held != table:
+                if min(table) < 0 or max(table) >= self.dummy_block:
+                    raise InvalidRequest(
+                        "block_table", f"sequence {seq.seq_id} names blocks outside the pool"
+                    )
+                host[i, _TABLE : _TABLE + len(table)] = table
+                tables[i] = table
+        rows = host[:n]
+        rows[:, _TOKEN] = tokens
+        rows[:, _POS] = positions
+        rows[:, _CTX] = positions + 1
+        block_of = rows[np.arange(n), _TABLE + positions // bs]
+        rows[:, _SLOT] = block_of * bs + positions % bs
+        self._fill_padding(turn, n, size)
         # One page-locked host → device copy of every input of the step.
         self.rows[:size].copy_(buffer[:size], non_blocking=True)
         copied = torch.cuda.Event()
@@ -159,9 +175,12 @@ class DecodeGraphs:
         return size, self.graphs[size][1].head(n)
 
     @torch.inference_mode()
-    def run(self, batch: Sequence[SeqInput]) -> GraphOutputs:
-        """The outputs of a decode-only batch, len(batch) rows; the bucket must exist."""
-        size, outputs = self._load(batch, [seq.start_pos for seq in batch])
+    def run(
+        self, batch: Sequence[SeqInput], tokens: np.ndarray, positions: np.ndarray
+    ) -> GraphOutputs:
+        """The outputs of a decode-only batch (its tokens and positions (n,)), n rows; the
+        bucket must exist."""
+        size, outputs = self._load(batch, tokens, positions)
         self.graphs[size][0].replay()
         return outputs
 
@@ -179,8 +198,10 @@ class DecodeGraphs:
         for pos in positions:
             if pos % bs == 0 or pos >= self.max_len:
                 return None
-        size, outputs = self._load(batch, positions)
-        self.rows[: len(batch), _TOKEN].copy_(tokens)
+        n = len(batch)
+        # The tokens' column is overwritten on the device below.
+        size, outputs = self._load(batch, np.zeros(n, np.int64), np.array(positions, np.int64))
+        self.rows[:n, _TOKEN].copy_(tokens)
         self.graphs[size][0].replay()
         return StepAhead(
             [seq.seq_id for seq in batch], positions, [list(s.block_table) for s in batch], outputs

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from engine import cpu_kernels
@@ -18,6 +20,7 @@ from engine.kv_cache import KVCache
 from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
 from engine.sampling import Sampler
+from engine.warm_up import representative_batches, warm_up_batches
 
 if TYPE_CHECKING:  # imports Triton: only on CUDA
     from engine.cuda_graphs import GraphOutputs, StepAhead
@@ -72,6 +75,7 @@ class Engine:
         self.device = next(self.model.buffers()).device
         self.dtype = self.model.norm.weight.dtype
         self._num_blocks = num_kv_blocks
+        self.max_num_seqs = max_num_seqs
         on_cuda = self.device.type == "cuda"
         # On CUDA one extra block, outside what the scheduler may hand out, takes the writes of
         # padding rows in captured decode graphs.
@@ -89,6 +93,9 @@ class Engine:
         # outside the graph like any other row (benchmarks compare the two).
         self.greedy_in_graph = True
         self._ahead: StepAhead | None = None
+        # Seconds each stage of the start took (Engine.from_path fills "load" and "warm_up").
+        self.start_times: dict[str, float] = {}
+        started = time.perf_counter()
         if on_cuda:
             from engine.cuda_graphs import DecodeGraphs
             from engine.kernels.paged_decode import PagedDecode
@@ -109,6 +116,7 @@ class Engine:
             self.decode_kernel = cpu_kernels.PagedDecode(block_size)
         fits = NativeDecoder.fits(self.model, self.decode_kernel)
         self.native = NativeDecoder(self.model) if fits else None
+        self.start_times["kernels_and_graphs"] = time.perf_counter() - started
 
     @classmethod
     def from_path(
@@ -123,11 +131,16 @@ class Engine:
         max_num_seqs: int = 256,
         cuda_graphs: bool = True,
         gpu_memory_fraction: float = 0.9,
+        warm_up_tokens: int | None = 2048,
     ) -> Engine:
         """kv_cache_bytes 0 sizes the KV cache on CUDA from what the weights leave of
-        `gpu_memory_fraction` of the card (activations and graphs get a fixed reserve)."""
+        `gpu_memory_fraction` of the card (activations and graphs get a fixed reserve).
+        On CUDA the engine is warmed up (`warm_up`) for steps of up to `warm_up_tokens` new
+        tokens (the scheduler's step budget); None skips that."""
+        started = time.perf_counter()
         torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
         loaded = load_model(path, torch_device, torch_dtype, progress, quantize)
+        load_s = time.perf_counter() - started
         per_block = KVCache.bytes_per_block(loaded.config, block_size, torch_dtype)
         if kv_cache_bytes == 0 and torch_device.type == "cuda":
             kv_cache_bytes = _free_cuda_bytes(
@@ -135,7 +148,35 @@ class Engine:
             )
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
-        return cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs)
+        engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs)
+        engine.start_times["load"] = load_s
+        if warm_up_tokens is not None and torch_device.type == "cuda":
+            engine.warm_up(warm_up_tokens)
+        return engine
+
+    def warm_up(self, max_step_tokens: int = 2048) -> None:
+        """Run once every kind of step serving will run (engine/warm_up.py), each compile and
+        first use paid now instead of by a request; its seconds go to start_times["warm_up"]."""
+        started = time.perf_counter()
+        kernel = self.decode_kernel
+        variant = getattr(kernel, "variant", lambda b: 0)
+        graph_sizes = list(self.graphs.buckets) if self.graphs is not None else []
+        batches = warm_up_batches(
+            self.config,
+            self.block_size,
+            self.num_kv_blocks,
+            representative_batches(self.max_num_seqs, variant),
+            graph_sizes,
+            max_step_tokens,
+            self.max_num_seqs,
+        )
+        for batch in batches:
+            self.step(batch)
+        self._ahead = None  # a step replayed ahead for a warm-up sequence: never asked for
+        self.release(s.seq_id for batch in batches for s in batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.start_times["warm_up"] = time.perf_counter() - started
 
     @property
     def block_size(self) -> int:
@@ -226,12 +267,35 @@ class Engine:
         graphs = self.graphs
         if graphs is None or graphs.bucket(len(batch)) is None:
             return None
-        if any(len(s.token_ids) != 1 or s.start_pos == 0 for s in batch):
+        inputs = self._decode_inputs(batch)
+        if inputs is None:
             return None
-        self._validate(batch)
         if ahead is not None and ahead.matches(batch):
             return ahead.outputs
-        return graphs.run(batch)
+        return graphs.run(batch, *inputs)
+
+    def _decode_inputs(self, batch: Sequence[SeqInput]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Tokens and positions (n,) of a batch of single-token decodes, checked as `_validate`
+        checks them but over arrays (a step of hundreds of rows is on the host's critical path);
+        None where some row is not a decode. The loader of the graphs checks block ids."""
+        n = len(batch)
+        if any(len(s.token_ids) != 1 for s in batch):
+            return None
+        tokens = np.fromiter((s.token_ids[0] for s in batch), np.int64, n)
+        positions = np.fromiter((s.start_pos for s in batch), np.int64, n)
+        if positions.min() <= 0:  # a one-token prompt; or a bad position, which _validate names
+            self._validate(batch)
+            return None
+        blocks = np.fromiter((len(s.block_table) for s in batch), np.int64, n)
+        if not (
+            tokens.min() >= 0
+            and tokens.max() < self.config.vocab_size
+            and positions.max() < self.config.max_seq_len
+            and (blocks * self.block_size > positions).all()
+            and len({s.seq_id for s in batch}) == n
+        ):
+            self._validate(batch)  # raises, naming the field
+        return tokens, positions
 
     def _to_outputs(
         self,
@@ -260,7 +324,7 @@ class Engine:
         outputs = []
         for row, seq in zip(rows, seqs, strict=True):
             n = min(seq.sampling.logprobs, n_top)
-            top = [(int(row[2 + j]), row[2 + n_top + j]) for j in range(n)]
+            top = [(int(row[2 + j]), row[2 + n_top + j]) for j in range(n)] if n else []
             outputs.append(SeqOutput(seq.seq_id, int(row[0]), row[1], top))
         return outputs
 

@@ -52,32 +52,35 @@ def add_rms_norm(
 def _rope_store(
     qkv_ptr, cos_ptr, sin_ptr, pool_ptr, slot_ptr,
     stride_qt, stride_qh, stride_ct, stride_slot, stride_kv, stride_ph, stride_st,
-    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr,
+    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
 ):  # fmt: skip
+    # Program (t, g): token t's heads [g * HEADS, (g + 1) * HEADS) of its Q heads, then K heads,
+    # then V heads.
     t = tl.program_id(0)
-    h = tl.program_id(1)  # 0..N_HEADS + 2 N_KV: Q heads, then K heads, then V heads
-    i = tl.arange(0, HALF)
+    h = (tl.program_id(1) * HEADS + tl.arange(0, HEADS))[:, None]
+    i = tl.arange(0, HALF)[None, :]
+    heads = h < N_HEADS + 2 * N_KV
     base = qkv_ptr + t * stride_qt + h * stride_qh
-    x1 = tl.load(base + i)
-    x2 = tl.load(base + HALF + i)
-    if h < N_HEADS + N_KV:
-        # Rotate-half RoPE: (x1, x2) → (x1 cos - x2 sin, x2 cos + x1 sin), in fp32.
-        c1 = tl.load(cos_ptr + t * stride_ct + i).to(tl.float32)
-        c2 = tl.load(cos_ptr + t * stride_ct + HALF + i).to(tl.float32)
-        s1 = tl.load(sin_ptr + t * stride_ct + i).to(tl.float32)
-        s2 = tl.load(sin_ptr + t * stride_ct + HALF + i).to(tl.float32)
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        x1 = (f1 * c1 - f2 * s1).to(x1.dtype)
-        x2 = (f2 * c2 + f1 * s2).to(x2.dtype)
-        tl.store(base + i, x1)
-        tl.store(base + HALF + i, x2)
-    if h >= N_HEADS:
-        kv = (h - N_HEADS) // N_KV  # 0: K, 1: V
-        head = (h - N_HEADS) % N_KV
-        slot = tl.load(slot_ptr + t * stride_st)
-        dest = pool_ptr + slot * stride_slot + kv * stride_kv + head * stride_ph
-        tl.store(dest + i, x1)
-        tl.store(dest + HALF + i, x2)
+    x1 = tl.load(base + i, mask=heads)  # (HEADS, HALF)
+    x2 = tl.load(base + HALF + i, mask=heads)
+    # Rotate-half RoPE on Q and K: (x1, x2) → (x1 cos - x2 sin, x2 cos + x1 sin), in fp32.
+    c1 = tl.load(cos_ptr + t * stride_ct + i).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * stride_ct + HALF + i).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * stride_ct + i).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * stride_ct + HALF + i).to(tl.float32)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    rotate = h < N_HEADS + N_KV
+    x1 = tl.where(rotate, (f1 * c1 - f2 * s1).to(x1.dtype), x1)
+    x2 = tl.where(rotate, (f2 * c2 + f1 * s2).to(x2.dtype), x2)
+    tl.store(base + i, x1, mask=rotate)
+    tl.store(base + HALF + i, x2, mask=rotate)
+    kv = (h - N_HEADS) // N_KV  # 0: K, 1: V
+    head = (h - N_HEADS) % N_KV
+    slot = tl.load(slot_ptr + t * stride_st)
+    dest = pool_ptr + slot * stride_slot + kv * stride_kv + head * stride_ph
+    stored = heads & (h >= N_HEADS)
+    tl.store(dest + i, x1, mask=stored)
+    tl.store(dest + HALF + i, x2, mask=stored)
 
 
 def rope_and_store(
@@ -92,11 +95,12 @@ def rope_and_store(
     """qkv: (T, n_heads + 2 n_kv, hd), RoPE applied to Q and K in place; K and V stored at
     `slots` in pool (slots, 2, n_kv, hd). cos, sin: (T, hd)."""
     t, heads, hd = qkv.shape
-    _rope_store[(t, heads)](
+    block = min(16, triton.next_power_of_2(heads))
+    _rope_store[(t, triton.cdiv(heads, block))](
         qkv, cos, sin, pool, slots,
         qkv.stride(0), qkv.stride(1), cos.stride(0),
         pool.stride(0), pool.stride(1), pool.stride(2), slots.stride(0),
-        N_HEADS=n_heads, N_KV=n_kv, HALF=hd // 2,
+        N_HEADS=n_heads, N_KV=n_kv, HEADS=block, HALF=hd // 2,
     )  # fmt: skip
 
 

@@ -2,26 +2,32 @@
 
 One query token per sequence. Program (b, h, s) takes sequence b, KV head h (and the GQA group
 of query heads that share it), and the s-th partition of the context: PART_BLOCKS blocks read
-through the block table. Each partition leaves an unnormalised partial result with its running
-max and sum (flash-decoding); a second kernel merges the partitions. Shapes are fixed by the
-batch size alone, not by the contexts, so the launches can be captured in a CUDA graph:
-partitions past a sequence's end return at once.
+through the block table, TILE tokens (TILE / BLOCK blocks, each token's row found through its
+block's id) a loop iteration. Each partition leaves an unnormalised partial result with its
+running max and sum (flash-decoding); a second kernel merges the partitions. A context that
+fits in one partition is written out by that partition itself, and the merge passes it by.
+Shapes are fixed by the batch size alone, not by the contexts, so the launches can be captured
+in a CUDA graph: partitions past a sequence's end return at once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 
-@triton.jit
+# Strides that differ between eager steps and graphs, or from step to step (the block tables'
+# width), are plain arguments: one compiled kernel serves them all.
+@triton.jit(do_not_specialize=["stride_tb", "stride_cb"])
 def _partial(
-    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, scale,
+    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, out_ptr, scale,
     stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb,
-    stride_ab, stride_ah, stride_as, stride_mb, stride_mh,
+    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -43,17 +49,21 @@ def _partial(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    offs = tl.arange(0, BLOCK)
-    for j in range(PART_BLOCKS):  # static bounds: the loads pipeline
-        index = s * PART_BLOCKS + j
-        tok = index * BLOCK + offs
+    offs = tl.arange(0, TILE)
+    first = s * PART_BLOCKS * BLOCK
+    if DYNAMIC:  # only the tiles that hold some of the context
+        tiles = tl.cdiv(tl.minimum(ctx - first, PART_BLOCKS * BLOCK), TILE)
+    else:  # static bounds: tiles past the context are masked
+        tiles = PART_BLOCKS * BLOCK // TILE
+    for j in range(tiles):
+        tok = first + j * TILE + offs
         valid = tok < ctx
-        block_id = tl.load(tables_ptr + b * stride_tb + index, mask=index * BLOCK < ctx, other=0)
-        slot = block_id.to(tl.int64) * BLOCK + offs
+        block_id = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
+        slot = block_id.to(tl.int64) * BLOCK + tok % BLOCK
         base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-        k = tl.load(base, mask=valid[:, None], other=0.0)  # (BLOCK, D)
+        k = tl.load(base, mask=valid[:, None], other=0.0)  # (TILE, D)
         v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, BLOCK)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, TILE)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp(scores - m_new[:, None])
@@ -61,20 +71,26 @@ def _partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
-    out = acc_ptr + b * stride_ab + heads[:, None] * stride_ah + s * stride_as + d[None, :]
-    tl.store(out, acc, mask=hmask[:, None])
-    tl.store(m_out, m_i, mask=hmask)
-    tl.store(l_out, l_i, mask=hmask)
+    if ctx <= PART_BLOCKS * BLOCK:  # the context's only partition: this is the output
+        out = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+    else:
+        part = acc_ptr + b * stride_ab + heads[:, None] * stride_ah + s * stride_as + d[None, :]
+        tl.store(part, acc, mask=hmask[:, None])
+        tl.store(m_out, m_i, mask=hmask)
+        tl.store(l_out, l_i, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_cb"])
 def _merge(
-    acc_ptr, m_ptr, l_ptr, out_ptr,
-    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
-    PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr,
+    acc_ptr, m_ptr, l_ptr, out_ptr, ctx_ptr,
+    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh, stride_cb,
+    PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if tl.load(ctx_ptr + b * stride_cb) <= PART:
+        return  # one partition, which wrote the output itself
     s = tl.arange(0, PARTS_PAD)
     d = tl.arange(0, D)
     smask = s < PARTS
@@ -89,12 +105,24 @@ def _merge(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
+@dataclass(frozen=True)
+class Tiling:
+    """How `_partial` walks a partition: tokens a loop iteration (a multiple of the block size),
+    warps a program, and whether the loop stops at the context's end or runs the partition's
+    whole length, masked."""
+
+    tile: int
+    warps: int = 4
+    dynamic: bool = False
+
+
 class PagedDecode:
     """Buffers for up to `batch` sequences, reused step after step (and by CUDA graphs).
 
     A small batch splits each context into short partitions, so many programs share one
     sequence (latency); a large batch gets long partitions, since the batch is parallelism
-    enough and a long static loop pipelines its loads.
+    enough and a long loop pipelines its loads. `part_blocks` and `tiling` fix those choices
+    for every batch (tests and benchmarks compare them).
     """
 
     def __init__(
@@ -107,12 +135,14 @@ class PagedDecode:
         max_context: int,
         device: torch.device,
         part_blocks: int | None = None,
+        tiling: Tiling | None = None,
     ) -> None:
         self.group = n_heads // n_kv_heads
         self.n_kv = n_kv_heads
         self.block_size = block_size
         self.max_context = max_context
         self.fixed_part_blocks = part_blocks
+        self.fixed_tiling = tiling
         rows = max(b * self.partitions(b) for b in range(1, batch + 1))
         self.acc = torch.empty(rows * n_heads * head_dim, dtype=torch.float32, device=device)
         self.m = torch.empty(rows * n_heads, dtype=torch.float32, device=device)
@@ -122,7 +152,19 @@ class PagedDecode:
         if self.fixed_part_blocks is not None:
             return self.fixed_part_blocks
         programs = batch * self.n_kv
-        return 4 if programs <= 64 else (16 if programs <= 512 else 32)
+        return 16 if programs <= 512 else (32 if programs <= 1024 else 64)
+
+    def tiling(self, batch: int) -> Tiling:
+        # The fastest of bench/attention_tiles.py's variants at 8-256 sequences of 640 tokens
+        # and 16 of 4,096 (bench/RESULTS-gpu.md).
+        if self.fixed_tiling is not None:
+            return self.fixed_tiling
+        tile = 64 if batch * self.n_kv > 1024 else 32
+        return Tiling(max(tile, self.block_size), 4, True)
+
+    def variant(self, batch: int) -> tuple[int, Tiling]:
+        """What the kernel is compiled for at this batch size (the rest are plain arguments)."""
+        return self.part_blocks(batch), self.tiling(batch)
 
     def partitions(self, batch: int) -> int:
         return -(-self.max_context // (self.block_size * self.part_blocks(batch)))
@@ -134,22 +176,27 @@ class PagedDecode:
         context_lens: (B,), each >= 1 (any strides). Returns (B, n_heads, hd) in q's dtype."""
         b, n_heads, hd = q.shape
         parts = self.partitions(b)
+        part_blocks, tiling = self.part_blocks(b), self.tiling(b)
+        tile = min(tiling.tile, part_blocks * self.block_size)
         acc = self.acc[: b * n_heads * parts * hd].view(b, n_heads, parts, hd)
         maxes = self.m[: b * n_heads * parts].view(b, n_heads, parts)
         sums = self.l[: b * n_heads * parts].view(b, n_heads, parts)
+        out = torch.empty_like(q)
         _partial[(b, self.n_kv, parts)](
-            q, pool, tables, context_lens, acc, maxes, sums, hd**-0.5,
+            q, pool, tables, context_lens, acc, maxes, sums, out, hd**-0.5,
             q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
             tables.stride(0), context_lens.stride(0),
             acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
-            GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
-            BLOCK=self.block_size, PART_BLOCKS=self.part_blocks(b),
-        )  # fmt: skip
-        out = torch.empty_like(q)
-        _merge[(b, n_heads)](
-            acc, maxes, sums, out,
-            acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
             out.stride(0), out.stride(1),
+            GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
+            BLOCK=self.block_size, PART_BLOCKS=part_blocks, TILE=tile, DYNAMIC=tiling.dynamic,
+            num_warps=tiling.warps,
+        )  # fmt: skip
+        _merge[(b, n_heads)](
+            acc, maxes, sums, out, context_lens,
+            acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
+            out.stride(0), out.stride(1), context_lens.stride(0),
             PARTS=parts, PARTS_PAD=triton.next_power_of_2(parts), D=hd,
+            PART=part_blocks * self.block_size,
         )  # fmt: skip
         return out

@@ -7,7 +7,7 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -31,8 +31,11 @@ def l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def test_paged_decode_kernel_matches_attention() -> None:
-    from engine.kernels.paged_decode import PagedDecode
+@pytest.mark.parametrize(
+    "tiling", [None, (4, 16, 4, False), (16, 64, 8, True), (32, 64, 4, False), (8, 32, 4, True)]
+)
+def test_paged_decode_kernel_matches_attention(tiling: tuple[int, int, int, bool] | None) -> None:
+    from engine.kernels.paged_decode import PagedDecode, Tiling
 
     torch.manual_seed(0)
     b, heads, kv_heads, hd, bs, blocks = 5, 32, 8, 128, 16, 400
@@ -46,7 +49,11 @@ def test_paged_decode_kernel_matches_attention() -> None:
         tables[i, :n] = order[used : used + n]
         used += n
     q = torch.randn(b, heads, hd, device=CUDA, dtype=torch.bfloat16)
-    out = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA)(q, pool, tables, ctx)
+    if tiling is None:  # the defaults
+        kernel = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA)
+    else:
+        kernel = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA, tiling[0], Tiling(*tiling[1:]))
+    out = kernel(q, pool, tables[:, :127], ctx)  # a table width no multiple of 16
     for i in range(b):
         c = int(ctx[i])
         pos = torch.arange(c, device=CUDA)
@@ -308,10 +315,10 @@ def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> 
     replays = 0
     plain_run = graphs.run
 
-    def counted(batch: list[SeqInput]) -> GraphOutputs:
+    def counted(*inputs: Any) -> GraphOutputs:
         nonlocal replays
         replays += 1
-        return plain_run(batch)
+        return plain_run(*inputs)
 
     graphs.run = counted  # type: ignore[method-assign]
     ids = prompt(40, engine.config.vocab_size)

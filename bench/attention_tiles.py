@@ -1,0 +1,99 @@
+"""Paged decode attention (engine/kernels/paged_decode.py) over partition lengths and tilings:
+GB/s of K/V read, against a device-to-device copy, at the batch sizes and contexts of serving.
+
+    python -m bench.attention_tiles [--json PATH]
+
+A diagnostic for choosing PagedDecode's defaults; prints the best variants of each case and the
+current default's figure.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run this module as: python -m bench.attention_tiles")
+
+import argparse
+import functools
+import itertools
+import json
+import os
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from engine.kernels.paged_decode import PagedDecode, Tiling
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT = 32, 8, 128, 16, 8192
+CASES = [(256, 640), (64, 640), (8, 640), (16, 4096), (1, 8000)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "attention.json"
+    )
+    args = parser.parse_args()
+    cuda = torch.device("cuda")
+    slots = sum(n * (-(-ctx // BLOCK)) for n, ctx in CASES) * BLOCK
+    pool = torch.randn(slots, 2, KV_HEADS, HEAD_DIM, device=cuda, dtype=torch.bfloat16)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=cuda)
+    dst = torch.empty_like(src)
+    copy = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") / 1e3)
+    print(f"copy {copy / 1e12:.2f} TB/s")
+    inputs = {}
+    order = torch.randperm(slots // BLOCK, device=cuda)
+    used = 0
+    for n, ctx in CASES:
+        blocks = -(-ctx // BLOCK)
+        tables = order[used : used + n * blocks].view(n, blocks).contiguous()
+        used += n * blocks
+        lens = torch.full((n,), ctx, device=cuda)
+        q = torch.randn(n, HEADS, HEAD_DIM, device=cuda, dtype=torch.bfloat16)
+        inputs[(n, ctx)] = (q, tables, lens)
+    variants: list[tuple[int | None, Tiling | None]] = [(None, None)]  # the defaults
+    for pb, (tile, warps), dynamic in itertools.product(
+        (4, 8, 16, 32, 64), ((16, 4), (32, 4), (64, 4), (64, 8)), (False, True)
+    ):
+        variants.append((pb, Tiling(tile, warps, dynamic)))
+    results = []
+    for pb, tiling in variants:
+        kernel = PagedDecode(256, HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT, cuda, pb, tiling)
+        for (n, ctx), (q, tables, lens) in inputs.items():
+            if pb is not None and (n * KV_HEADS * (-(-ctx // (pb * BLOCK)))) < 32:
+                continue  # too few programs to be a candidate
+            call = functools.partial(kernel, q, pool, tables, lens)
+            ms = do_bench(call, warmup=10, rep=40, return_mode="median")
+            gbs = n * ctx * 2 * KV_HEADS * HEAD_DIM * 2 / (ms / 1e3) / 1e9
+            results.append(
+                {
+                    "batch": n,
+                    "context": ctx,
+                    "part_blocks": kernel.part_blocks(n),
+                    "tiling": vars(kernel.tiling(n)),
+                    "default": pb is None,
+                    "us": ms * 1e3,
+                    "gb_s": gbs,
+                    "of_copy": gbs * 1e9 / copy,
+                }
+            )
+    for n, ctx in CASES:
+        case = [r for r in results if r["batch"] == n and r["context"] == ctx]
+        default = next(r for r in case if r["default"])
+        print(f"\nbatch {n}, context {ctx}: default {default['us']:.1f} us, "
+              f"{default['gb_s']:.0f} GB/s ({default['of_copy']:.0%} of copy)")  # fmt: skip
+        for r in sorted(case, key=lambda r: r["us"])[:6]:
+            t = r["tiling"]
+            print(
+                f"  pb {r['part_blocks']:>2} tile {t['tile']:>2} warps {t['warps']} "
+                f"dyn {int(t['dynamic'])}: {r['us']:7.1f} us {r['gb_s']:6.0f} GB/s "
+                f"({r['of_copy']:.0%})"
+            )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"copy_bytes_per_s": copy, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Serving on CUDA after start: no kernel left to compile, whatever the workload's shapes.
+Marked `gpu`: skipped where there is no CUDA device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.serving import run_workload
+from engine import registry
+from engine.engine import Engine
+
+pytestmark = pytest.mark.gpu
+
+
+def test_no_kernel_is_compiled_after_the_start(tandem_home: Path) -> None:
+    path = registry.resolve("llama3-tiny-random", tandem_home)
+    engine = Engine.from_path(path, "cuda", "bfloat16", 512 << 20, progress=False)
+    assert engine.start_times["warm_up"] > 0
+    gen = torch.Generator().manual_seed(0)
+    vocab = engine.config.vocab_size
+    for n, longest in ((3, 40), (40, 700), (256, 300)):  # batch sizes of every attention variant
+        lengths = torch.randint(1, longest, (n,), generator=gen).tolist()
+        prompts = [torch.randint(0, vocab, (k,), generator=gen).tolist() for k in lengths]
+        run = run_workload(engine, prompts, 24, profile=False)
+        assert run.output_tokens == 24 * n
+        assert run.compiles == [], run.compiles
+
+
+@pytest.mark.parametrize("start", [0, 300])  # a whole prompt (flash, GQA as is); a continuation
+def test_prefill_attention_matches_fp32(start: int) -> None:
+    from engine.attention import _prefill
+
+    torch.manual_seed(0)
+    heads, kv_heads, hd, q_len = 32, 8, 128, 211
+    ctx = start + q_len
+    q = torch.randn(heads, q_len, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(kv_heads, ctx, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(kv_heads, ctx, hd, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(ctx, device="cuda")
+    mask = pos[None, :] <= pos[start:, None]  # (q_len, ctx)
+    got = _prefill(q, k, v, mask if start else None)
+    kf, vf = (x.float().repeat_interleave(heads // kv_heads, 0) for x in (k, v))
+    scores = torch.einsum("hqd,hkd->hqk", q.float(), kf) / hd**0.5
+    want = torch.einsum("hqk,hkd->hqd", scores.masked_fill(~mask, float("-inf")).softmax(-1), vf)
+    assert float((got.float() - want).norm() / want.norm()) < 1e-2
