@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from services.cli import main as tandem
 from harness.pipeline import pipeline
+from services.cli import main as tandem
 
 TTFT_P99_S, ITL_P99_S = 0.5, 0.05
 WORKLOADS = {
