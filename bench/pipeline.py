@@ -34,14 +34,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
-from engine.sampling import GREEDY
+from engine.sampling_params import GREEDY
 from engine.tokenizer import load_tokenizer
 from harness.pipeline import pipeline
+from services.protocol import StepPlan, StepResult
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Queued, Scheduled, Token
-from services.scheduler.plan import StepPlan, StepResult
-from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
+from services.scheduler.scheduler import Scheduler
 from tandem.internal.v1 import scheduler_pb2 as spb
 from tandem.internal.v1 import scheduler_pb2_grpc
 from tandem.v1 import generation_pb2 as pb
@@ -113,14 +113,14 @@ def in_process(
             max_num_seqs=max_num_seqs,
         )
     )
-    lines: dict[str, Timeline] = {}
+    lines: dict[int, Timeline] = {}
     pending = list(enumerate(prompts))
 
     def admit() -> None:
         while pending and len(lines) - finished < concurrency:
             i, ids = pending.pop(0)
-            lines[f"r{i}"] = Timeline(time.perf_counter())
-            core.add_request(Request(f"r{i}", ids, out_len, sampling=GREEDY))
+            lines[i] = Timeline(time.perf_counter())
+            core.add_request(Request(i, ids, out_len, sampling=GREEDY))
 
     finished = 0
     start = time.perf_counter()
@@ -129,10 +129,10 @@ def in_process(
         plan = core.schedule()
         if plan.is_empty:
             continue
-        engine.release(plan.finished_request_ids)
+        engine.release(plan.finished_seq_ids)
         outs = engine.step(
             [
-                SeqInput(s.request_id, s.token_ids, s.start_pos, s.block_table, GREEDY, s.sample)
+                SeqInput(s.seq_id, s.token_ids, s.start_pos, s.block_table, GREEDY, s.sample)
                 for s in plan.seqs
             ]
         )
@@ -140,7 +140,7 @@ def in_process(
         now = time.perf_counter()
         for event in core.update(plan, result):
             if isinstance(event, Token):
-                lines[event.request_id].tokens.append(now)
+                lines[event.seq_id].tokens.append(now)
         finished = sum(1 for t in lines.values() if len(t.tokens) >= out_len)
         admit()
     return summarize("in-process", concurrency, list(lines.values()), time.perf_counter() - start)
@@ -193,7 +193,7 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
     scheduler's loop (events, stats, plan); spans go to an exporter that drops them."""
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from services.scheduler.stats import SchedulerStats
+    from services.scheduler.state import SchedulerStats
     from services.telemetry.config import TelemetryConfig
     from services.telemetry.scheduler_metrics import SchedulerMetrics
     from services.telemetry.scheduler_telemetry import SchedulerTelemetry
@@ -210,13 +210,15 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
     worker = StepTelemetry(tracing, WorkerMetrics("bench"))
     scheduler = SchedulerTelemetry(tracing, SchedulerMetrics())
     scheduler.on_model("bench")
-    ids = [f"r{i}" for i in range(batch)]
+    ids = list(range(batch))
     desc = hp.StepDescriptor(seq_ids=range(batch), block_counts=[8] * batch)
     desc.num_decode_tokens = batch
     for i, rid in enumerate(ids):
         parent = f"00-{i + 1:032x}-{i + 1:016x}-01"
         desc.new_seqs.add(seq_id=i, traceparent=parent)
-        scheduler.on_submit(rid, parent, prompt_tokens=8, max_tokens=8, priority=0, session_id="")
+        scheduler.on_submit(
+            rid, f"r{rid}", parent, prompt_tokens=8, max_tokens=8, priority=0, session_id=""
+        )
         scheduler.on_events(
             [Queued(rid, 0.0, 1), Scheduled(rid, 0.0, 0.0, 0), Token(rid, 1, 0.0, 0)]
         )
@@ -225,7 +227,7 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
     del desc.new_seqs[:]
     outcome = hp.StepOutcome(seq_ids=range(batch), token_ids=[1] * batch)
     events = [Token(rid, 1, 0.0, 1) for rid in ids]
-    plan = StepPlan(step_id=0, request_ids=ids, num_decode_tokens=batch)
+    plan = StepPlan(step_id=0, seq_ids=ids, num_decode_tokens=batch)
     stats = SchedulerStats(batch, 0, 0, 1000, 8 * batch, 1000, 0, 0, 0, 0, 0, 0, 0, {})
     t0 = time.perf_counter()
     for _ in range(steps):

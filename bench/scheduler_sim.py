@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.scheduler_sim [--json PATH] [--quick] [--only NAME ...]
 
 Every scenario but `schedule_cost` runs the real `Scheduler` against the simulated worker
-(`services.scheduler.simulator`), whose step time comes from `CostModel` (by default a
+(`harness.sim_worker`), whose step time comes from `CostModel` (by default a
 LLaMA-3-8B-sized model in bf16 on one H200: 4 ms per decode step, 27 µs per prefill token).
 Times in those scenarios are simulated seconds; `schedule_cost` is measured wall-clock time of
 `Scheduler.schedule()` and `update()` on this machine, and `overlap` charges the measured time
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import itertools
 import json
 import random
 import statistics
@@ -24,11 +25,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.sim_worker import CostModel, SimClock, SimWorker
+from harness.simulation import RequestRecord, Simulation
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
-from services.scheduler.simulation import RequestRecord, Simulation
-from services.scheduler.simulator import CostModel, SimClock, SimWorker
+from services.scheduler.scheduler import Scheduler
 
 BLOCK = 16
 # A pool the size an H200 leaves an 8B model (about 70 GiB of KV at 128 KiB per token).
@@ -80,9 +81,13 @@ def tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(32000) for _ in range(n)]
 
 
-def chat_request(rng: random.Random, request_id: str, priority: int = 0) -> Request:
+# Sequence ids of the requests the workloads make, unique within a run.
+_seq_ids = itertools.count()
+
+
+def chat_request(rng: random.Random, priority: int = 0) -> Request:
     return Request(
-        request_id, tokens(rng, rng.randint(200, 800)), rng.randint(50, 200), priority=priority
+        next(_seq_ids), tokens(rng, rng.randint(200, 800)), rng.randint(50, 200), priority=priority
     )
 
 
@@ -96,7 +101,7 @@ def poisson(rng: random.Random, rate: float, duration: float) -> list[float]:
 
 
 def served(
-    records: dict[str, RequestRecord], keep: Callable[[Request], bool]
+    records: dict[int, RequestRecord], keep: Callable[[Request], bool]
 ) -> list[RequestRecord]:
     return [r for r in records.values() if keep(r.request) and r.first_token_at is not None]
 
@@ -110,15 +115,15 @@ def overload_priority(quick: bool) -> dict[str, float]:
     step) and without (`_yield_off`); the low-priority side's cost of it in throughput and ITL."""
     rng = random.Random(1)
     # Capacity: a saturating batch of the same mix, all at once.
-    batch = [(0.0, chat_request(rng, f"c{i}")) for i in range(300 if quick else 600)]
+    batch = [(0.0, chat_request(rng)) for i in range(300 if quick else 600)]
     _, makespan = simulate(batch, max_waiting_requests=10_000)
     capacity = len(batch) / makespan
     duration = 20.0 if quick else 60.0
     arrivals = poisson(rng, 2 * capacity, duration)
     workload = []
-    for i, at in enumerate(arrivals):
+    for _i, at in enumerate(arrivals):
         is_hi = rng.random() < 0.1
-        workload.append((at, chat_request(rng, f"{'h' if is_hi else 'l'}{i}", 1 if is_hi else 0)))
+        workload.append((at, chat_request(rng, 1 if is_hi else 0)))
     alone, _ = simulate([(at, r) for at, r in workload if r.priority == 1])
 
     def is_high(r: Request) -> bool:
@@ -163,10 +168,12 @@ def shared_prefix(quick: bool) -> dict[str, float]:
     for i, at in enumerate(poisson(rng, 40.0, duration)):
         first = [*rng.choice(systems), *tokens(rng, rng.randint(50, 300))]
         session = f"s{i}"
-        workload.append((at, Request(f"t1-{i}", first, rng.randint(50, 150), session_id=session)))
+        workload.append(
+            (at, Request(next(_seq_ids), first, rng.randint(50, 150), session_id=session))
+        )
         if rng.random() < 0.5:
             second = [*first, *tokens(rng, rng.randint(100, 300))]
-            workload.append((at + 2.0, Request(f"t2-{i}", second, 100, session_id=session)))
+            workload.append((at + 2.0, Request(next(_seq_ids), second, 100, session_id=session)))
     out: dict[str, float] = {}
     for name, caching in (("on", True), ("off", False)):
         sim, makespan = simulate(
@@ -188,10 +195,11 @@ def long_prompt(quick: bool) -> dict[str, float]:
     rng = random.Random(3)
     duration = 6.0 if quick else 12.0
     workload = [
-        (at, Request(f"s{i}", tokens(rng, rng.randint(100, 300)), rng.randint(20, 100)))
+        (at, Request(next(_seq_ids), tokens(rng, rng.randint(100, 300)), rng.randint(20, 100)))
         for i, at in enumerate(poisson(rng, 20.0, duration))
     ]
-    workload.append((2.0, Request("long", tokens(rng, 32_768), 16)))
+    long = Request(next(_seq_ids), tokens(rng, 32_768), 16)
+    workload.append((2.0, long))
     out: dict[str, float] = {}
     common: dict[str, Any] = {"max_model_len": 32_768 + 1024}
     runs: dict[str, dict[str, Any]] = {
@@ -200,11 +208,11 @@ def long_prompt(quick: bool) -> dict[str, float]:
     }
     for name, overrides in runs.items():
         sim, _ = simulate(workload, **common, **overrides)
-        short = [r.ttft or 0.0 for r in served(sim.records, lambda r: r.request_id != "long")]
+        short = [r.ttft or 0.0 for r in served(sim.records, lambda r: r is not long)]
         out[f"short_ttft_p50_s_{name}"] = pct(short, 50)
         out[f"short_ttft_p99_s_{name}"] = pct(short, 99)
         out[f"short_ttft_max_s_{name}"] = max(short)
-        out[f"long_ttft_s_{name}"] = sim.records["long"].ttft or float("nan")
+        out[f"long_ttft_s_{name}"] = sim.records[long.seq_id].ttft or float("nan")
     return out
 
 
@@ -218,8 +226,8 @@ def batch_window(quick: bool) -> dict[str, float]:
         rng = random.Random(4)
         workload = []
         for k in range(100 if quick else 300):
-            for j in range(size):
-                request = Request(f"b{k}-{j}", tokens(rng, rng.randint(32, 96)), 8)
+            for _j in range(size):
+                request = Request(next(_seq_ids), tokens(rng, rng.randint(32, 96)), 8)
                 workload.append((k * 0.04 + rng.uniform(0, 0.0003), request))
         for wait_us in (0, 500, 2000):
             sim, _ = simulate(workload, max_wait_us=float(wait_us))
@@ -249,8 +257,8 @@ def schedule_cost(quick: bool) -> dict[str, float]:
         sched = Scheduler(config, clock)
         worker = SimWorker(config.num_kv_blocks, config.block_size, check_kv=False)
         rng = random.Random(n)
-        for i in range(n):
-            sched.add_request(Request(f"r{i}", tokens(rng, 512), 3000))
+        for _i in range(n):
+            sched.add_request(Request(next(_seq_ids), tokens(rng, 512), 3000))
         while sched.stats().num_running < n or any(
             r.num_computed_tokens < r.num_prompt_tokens for r in sched.running
         ):
@@ -291,7 +299,7 @@ def overlap(quick: bool) -> dict[str, float]:
     out: dict[str, float] = {}
     for model, cost in (("8b", CostModel()), ("small", SMALL_MODEL)):
         rng = random.Random(5)
-        batch = [(0.0, chat_request(rng, f"c{i}")) for i in range(200 if quick else 600)]
+        batch = [(0.0, chat_request(rng)) for i in range(200 if quick else 600)]
         for mode, overlap_on in (("sync", False), ("async", True)):
             sim, makespan = simulate(
                 batch,

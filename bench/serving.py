@@ -25,12 +25,12 @@ import engine.engine as engine_module
 from engine.batch import SeqInput
 from engine.config import ModelConfig
 from engine.engine import Engine
-from engine.sampling import GREEDY
+from engine.sampling_params import GREEDY
+from services.protocol import StepResult
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Token
-from services.scheduler.plan import StepResult
-from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
+from services.scheduler.scheduler import Scheduler
 
 
 def workload_floor(
@@ -192,7 +192,7 @@ def run_workload(
         )
     )
     for i, ids in enumerate(prompts):
-        core.add_request(Request(f"r{i}", ids, out_len, sampling=GREEDY))
+        core.add_request(Request(i, ids, out_len, sampling=GREEDY))
     prof = StepProfile(engine)
     records: list[StepRecord] = []
     tokens = 0
@@ -205,11 +205,11 @@ def run_workload(
             if plan.is_empty:
                 continue
             t1 = time.perf_counter()
-            engine.release(plan.finished_request_ids)
+            engine.release(plan.finished_seq_ids)
             batch = [
                 SeqInput(rid, toks, pos, table, GREEDY, sample)
                 for rid, toks, pos, table, sample in zip(
-                    plan.request_ids,
+                    plan.seq_ids,
                     plan.row_tokens(),
                     plan.start_pos,
                     plan.block_tables,

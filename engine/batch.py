@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from engine.sampling import GREEDY, SamplingParams
+from engine.sampling_params import GREEDY, SamplingParams
 
 
 @dataclass
 class SeqInput:
-    seq_id: str
+    seq_id: Hashable  # the caller's key for the sequence (the worker's: its integer seq id)
     token_ids: Sequence[int]  # the new tokens: a prefill chunk, or the last sampled token
     start_pos: int  # position of token_ids[0] in the sequence
     block_table: Sequence[int]  # the sequence's KV blocks in order, covering every position
@@ -24,7 +24,7 @@ class SeqInput:
 
 @dataclass
 class SeqOutput:
-    seq_id: str
+    seq_id: Hashable
     token_id: int
     logprob: float
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)

@@ -16,7 +16,7 @@ next step asked for is that one, its logits are ready or nearly so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,7 +225,7 @@ class GraphOutputs:
 class StepAhead:
     """A decode step replayed ahead of its request (DecodeGraphs.replay_next)."""
 
-    seq_ids: list[str]
+    seq_ids: list[Hashable]
     positions: list[int]
     tables: list[list[int]]
     outputs: GraphOutputs  # being computed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,7 +82,7 @@ class Engine:
         total = num_kv_blocks + 1 if on_cuda else num_kv_blocks
         self.kv = KVCache(self.config, total, block_size, self.dtype, self.device)
         self.sampler = Sampler()
-        self._histories: dict[str, list[int]] = {}  # only for sequences with penalties
+        self._histories: dict[Hashable, list[int]] = {}  # only for sequences with penalties
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
         self.decode_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
@@ -187,7 +187,7 @@ class Engine:
         """Blocks a scheduler may hand out (a reserved dummy block on CUDA is not among them)."""
         return self._num_blocks
 
-    def release(self, seq_ids: Iterable[str]) -> None:
+    def release(self, seq_ids: Iterable[Hashable]) -> None:
         """Forget per-sequence state of finished sequences (their blocks are the caller's)."""
         for seq_id in seq_ids:
             self._histories.pop(seq_id, None)
@@ -347,7 +347,7 @@ class Engine:
 
     def _validate(self, batch: Sequence[SeqInput]) -> None:
         vocab = self.config.vocab_size
-        seen: set[str] = set()
+        seen: set[Hashable] = set()
         for seq in batch:
             if seq.seq_id in seen:
                 raise InvalidRequest("seq_id", f"{seq.seq_id} appears twice in one step")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.stop_strings import StopStringMatcher
 from engine.tokenizer import Detokenizer, Tokenizer
 

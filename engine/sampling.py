@@ -8,60 +8,13 @@ argmax(probs / E) with E ~ Exp(1) picks a token with probability proportional to
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from engine.errors import InvalidRequest
-
-MAX_LOGPROBS = 20
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0  # 0 → greedy
-    top_k: int = 0  # 0 → off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0  # HF semantics, over prompt and output tokens
-    presence_penalty: float = 0.0  # OpenAI semantics, over output tokens
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    logprobs: int = 0  # how many top alternatives to return with each token
-
-    def __post_init__(self) -> None:
-        checks = (
-            ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, ">= 0"),
-            ("top_k", self.top_k >= 0, ">= 0 (0 turns it off)"),
-            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
-            ("min_p", 0 <= self.min_p <= 1, "in [0, 1]"),
-            ("repetition_penalty", 0 < self.repetition_penalty <= 10, "in (0, 10]"),
-            ("presence_penalty", -2 <= self.presence_penalty <= 2, "in [-2, 2]"),
-            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
-            ("logprobs", 0 <= self.logprobs <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
-            ("seed", self.seed is None or 0 <= self.seed < 2**63, "in [0, 2**63)"),
-        )
-        for field, ok, rule in checks:
-            if not ok:
-                raise InvalidRequest(field, f"must be {rule}, got {getattr(self, field)!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def uses_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
-
-
-GREEDY = SamplingParams(temperature=0.0)
+from engine.sampling_params import SamplingParams
 
 
 @dataclass

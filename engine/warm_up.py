@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable
 
 from engine.batch import SeqInput
 from engine.config import ModelConfig
-from engine.sampling import GREEDY, SamplingParams
+from engine.sampling_params import GREEDY, SamplingParams
 
 # Token counts of one step's rows whose kernels specialise differently: 1, multiples of 16 and
 # others, on both sides of the int8 kernel's 16/32/64-row tiles, and the step budget itself.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from engine.errors import InvalidRequest
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:

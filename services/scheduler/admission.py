@@ -1,27 +1,24 @@
 """Admission: which waiting requests join the step being built, and what they displace.
 
-These functions are the second and third passes of `Scheduler.schedule` (see policy.py); they
+These functions are the second and third passes of `Scheduler.schedule` (see scheduler.py); they
 work on the scheduler's state directly and on a StepBuilder that holds the step so far.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from services.scheduler.builder import StepBuilder
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.errors import InvalidRequest
 from services.scheduler.events import Resumed, Scheduled
 from services.scheduler.request import Request, RequestState, Status
-
-if TYPE_CHECKING:
-    from services.scheduler.policy import Scheduler
+from services.scheduler.state import SchedulerState
 
 
 def validate(request: Request, cfg: SchedulerConfig) -> None:
-    if not isinstance(request.request_id, str) or not request.request_id:
-        raise InvalidRequest("request_id", "must be a non-empty string")
+    if not isinstance(request.seq_id, int) or request.seq_id < 0:
+        raise InvalidRequest("seq_id", f"must be a non-negative integer, got {request.seq_id!r}")
     n = len(request.prompt_token_ids)
     if n == 0:
         raise InvalidRequest("prompt_token_ids", "must not be empty")
@@ -49,7 +46,7 @@ def validate(request: Request, cfg: SchedulerConfig) -> None:
         raise InvalidRequest("deadline", f"must be a finite clock time, got {request.deadline}")
 
 
-def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
+def admit(s: SchedulerState, b: StepBuilder, now: float) -> None:
     cfg, waiting, blocks = s.config, s.waiting, s.blocks
     if not waiting.count or s.window.holds(now, waiting.count, bool(s.running)):
         return
@@ -119,7 +116,7 @@ def admit(s: Scheduler, b: StepBuilder, now: float) -> None:
 
 
 def _start(
-    s: Scheduler, b: StepBuilder, hits: list[int], num_new: int, chunk: int, now: float
+    s: SchedulerState, b: StepBuilder, hits: list[int], num_new: int, chunk: int, now: float
 ) -> None:
     req = s.waiting.pop()
     resumed = req.status is Status.PREEMPTED
@@ -135,18 +132,18 @@ def _start(
     req.known_to_worker = True
     cached = len(hits) * s.config.block_size
     b.add_prefill(req, cached, cached + chunk)
-    b.new_sampling[req.request_id] = req.sampling
+    b.new_sampling[req.seq_id] = req.sampling
     if resumed:
         s.num_preempted_waiting -= 1
-        s.events.append(Resumed(req.request_id, now, cached))
+        s.events.append(Resumed(req.seq_id, now, cached))
     else:
         s.prefix_queries += len(req.token_ids)
         s.prefix_hits += cached
-        s.events.append(Scheduled(req.request_id, now, now - req.arrival_time, cached))
+        s.events.append(Scheduled(req.seq_id, now, now - req.arrival_time, cached))
     s.window.close()
 
 
-def _victim_for(s: Scheduler, head: RequestState, eff: float) -> RequestState | None:
+def _victim_for(s: SchedulerState, head: RequestState, eff: float) -> RequestState | None:
     """The lowest-ranked running sequence, if it is of lower priority than `head` and has not
     aged past it: the one to preempt for `head`."""
     if not s.running:
@@ -157,7 +154,9 @@ def _victim_for(s: Scheduler, head: RequestState, eff: float) -> RequestState | 
     return victim
 
 
-def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, now: float) -> None:
+def _preempt_for(
+    s: SchedulerState, b: StepBuilder, head: RequestState, eff: float, now: float
+) -> None:
     victim = _victim_for(s, head, eff)
     if victim is None:
         return
@@ -167,7 +166,7 @@ def _preempt_for(s: Scheduler, b: StepBuilder, head: RequestState, eff: float, n
 
 
 def schedule_deferred(
-    s: Scheduler, b: StepBuilder, deferred: list[tuple[RequestState, int]]
+    s: SchedulerState, b: StepBuilder, deferred: list[tuple[RequestState, int]]
 ) -> None:
     """Prefill chunks pass 1 held back for a more important prefill that, in the end, did not
     make it into the step. They take only free blocks: this pass preempts no one."""

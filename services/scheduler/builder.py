@@ -12,10 +12,10 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-from services.scheduler.plan import PLACEHOLDER, StepPlan
+from services.protocol import PLACEHOLDER, StepPlan
 from services.scheduler.request import RequestState
 
-_request_id = attrgetter("request_id")
+_seq_id = attrgetter("seq_id")
 _block_table = attrgetter("block_table")
 
 
@@ -59,7 +59,7 @@ class StepBuilder:
         self.prefill_counts: list[int] = []
         self.prefill_samples: list[bool] = []
         # Sampling parameters of the requests admitted (or resumed) in this step.
-        self.new_sampling: dict[str, Any] = {}
+        self.new_sampling: dict[int, Any] = {}
         self.budget = budget
         # (priority, effective priority) of the most important prefill in the step so far.
         self.prefill_top: tuple[int, float] | None = None
@@ -123,7 +123,7 @@ class StepBuilder:
 
     def remove(self, req: RequestState) -> None:
         """Take req's row back out (if it has one), and its tokens back into the budget."""
-        self.new_sampling.pop(req.request_id, None)
+        self.new_sampling.pop(req.seq_id, None)
         reqs = self.decode_reqs
         for k in range(len(reqs) - 1, -1, -1):
             if reqs[k] is req:
@@ -143,7 +143,7 @@ class StepBuilder:
                     self.lower_prefill_left += n
                 return
 
-    def plan(self, step_id: int, finished: list[str]) -> tuple[StepPlan, list[RequestState]]:
+    def plan(self, step_id: int, finished: list[int]) -> tuple[StepPlan, list[RequestState]]:
         """The plan, and the request behind each of its rows."""
         # The decode section's lists become the plan's: the prefill rows are appended to them.
         num_decodes = len(self.decode_reqs)
@@ -157,7 +157,7 @@ class StepBuilder:
             sample += self.prefill_samples
         plan = StepPlan(
             step_id,
-            list(map(_request_id, reqs)),
+            list(map(_seq_id, reqs)),
             tokens,
             num_tokens,
             starts,

@@ -15,7 +15,3 @@ class InvalidRequest(SchedulerError):
 
 class QueueFull(SchedulerError):
     """The bounded waiting queue is full (RESOURCE_EXHAUSTED); the client should back off."""
-
-
-class InvariantViolation(SchedulerError):
-    """The scheduler's bookkeeping is inconsistent: a bug, raised by `invariants.check`."""

@@ -17,7 +17,7 @@ FinishReason = Literal["stop", "length", "cancelled", "deadline", "error"]
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    request_id: str
+    seq_id: int
     time: float
     # Requests waiting (this one included) when it was queued.
     queue_depth: int
@@ -27,7 +27,7 @@ class Queued:
 class Scheduled:
     """First admission into the running batch."""
 
-    request_id: str
+    seq_id: int
     time: float
     queue_s: float
     # Prompt tokens found in the prefix cache: they are not recomputed.
@@ -37,7 +37,7 @@ class Scheduled:
 class Token(NamedTuple):
     # A NamedTuple, not a frozen dataclass like the others: one is made per sequence per step,
     # and a frozen dataclass's __init__ (object.__setattr__ per field) costs three times more.
-    request_id: str
+    seq_id: int
     token_id: int
     logprob: float
     # 0 for the first generated token. (The field shadows tuple.index; consumers read it.)
@@ -46,7 +46,7 @@ class Token(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Preempted:
-    request_id: str
+    seq_id: int
     time: float
     # Tokens whose KV stays only in the prefix cache (full blocks) until it resumes.
     num_computed_tokens: int
@@ -56,7 +56,7 @@ class Preempted:
 
 @dataclass(frozen=True, slots=True)
 class Resumed:
-    request_id: str
+    seq_id: int
     time: float
     # Of the tokens it had, how many were still cached and need no recompute.
     num_cached_tokens: int
@@ -64,7 +64,7 @@ class Resumed:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    request_id: str
+    seq_id: int
     time: float
     reason: FinishReason
     num_output_tokens: int

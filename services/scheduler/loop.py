@@ -13,21 +13,31 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from services.scheduler.codec import RequestRecord, TopLogprobs, decode_outcome, encode_plan
+from services.errors import InvalidArgument, Unavailable
+from services.protocol import SequenceRecord, TopLogprobs, decode_outcome, encode_plan
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Event, Finished, Scheduled, Token
-from services.scheduler.plan import StepPlan
-from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
 from services.scheduler.routes import Routes
+from services.scheduler.scheduler import Scheduler
 from services.scheduler.worker_link import WorkerGone, WorkerLink
 from services.telemetry.scheduler_telemetry import SchedulerTelemetry
 from tandem.internal.v1 import hotpath_pb2 as hp
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestRecord(SequenceRecord):
+    """A request as the service knows it beside the core: whose it is, and what the worker is
+    told about it."""
+
+    request_id: str = ""
+    tokenizer_id: str = ""
+
 
 WORKER_GONE = "UNAVAILABLE: the worker died; the request was lost"
 
@@ -46,11 +56,9 @@ class StepLoop:
         self.telemetry = telemetry or SchedulerTelemetry()
         self.core: Scheduler | None = None
         self.model: hp.ModelDescription | None = None
-        self.records: dict[str, RequestRecord] = {}
-        self.by_seq: dict[int, RequestRecord] = {}
-        # Finished requests the worker still knows: dropped once a plan tells it to forget them.
-        self.finishing: list[RequestRecord] = []
-        self.in_flight: deque[StepPlan] = deque()
+        # By sequence id, and the client's request id to it (cancellation names the request).
+        self.records: dict[int, RequestRecord] = {}
+        self.seq_ids: dict[str, int] = {}
         self.wake = asyncio.Event()
         self.timer: asyncio.TimerHandle | None = None
         self.worker_restarts = 0
@@ -93,11 +101,12 @@ class StepLoop:
 
     def submit(self, record: RequestRecord, request: Request) -> None:
         if self.core is None or not self.ready.is_set():
-            from services.errors import Unavailable
-
             raise Unavailable("the worker is (re)starting; try again shortly")
+        if record.request_id in self.seq_ids:
+            raise InvalidArgument("request_id", f"{record.request_id!r} is already in flight")
         self.core.add_request(request)  # raises QueueFull / InvalidRequest
         self.telemetry.on_submit(
+            record.seq_id,
             record.request_id,
             record.traceparent,
             prompt_tokens=record.prompt_len,
@@ -105,15 +114,16 @@ class StepLoop:
             priority=request.priority,
             session_id=request.session_id or "",
         )
-        self.records[record.request_id] = record
-        self.by_seq[record.seq_id] = record
+        self.records[record.seq_id] = record
+        self.seq_ids[record.request_id] = record.seq_id
         self.wake.set()
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
 
     def cancel(self, request_id: str) -> bool:
-        found = self.core is not None and self.core.cancel(request_id)
+        seq_id = self.seq_ids.get(request_id)
+        found = seq_id is not None and self.core is not None and self.core.cancel(seq_id)
         if found:
             self.wake.set()
         return found
@@ -132,7 +142,7 @@ class StepLoop:
             if core is None or not self.ready.is_set():
                 continue
             limit = 2 if core.config.async_scheduling else 1
-            while len(self.in_flight) < limit and self._plan_one(core):
+            while core.num_in_flight < limit and self._plan_one(core):
                 pass
             self._arm_timer(core.next_wakeup())
 
@@ -144,10 +154,8 @@ class StepLoop:
         self.telemetry.on_stats(stats)
         if plan.is_empty:
             return False
-        desc = encode_plan(plan, self.records, self.finishing)
+        desc = encode_plan(plan, self.records)
         self.telemetry.on_plan(plan, desc, stats)
-        self._forget_finished()
-        self.in_flight.append(plan)
         try:
             self.link.send(desc)
         except WorkerGone as err:
@@ -163,7 +171,7 @@ class StepLoop:
                 await self._worker_lost(str(err))
                 continue
             core = self.core
-            plan = self.in_flight[0] if self.in_flight else None
+            plan = core.flights[0].plan if core is not None and core.flights else None
             if core is None or plan is None or outcome.step_id != plan.step_id:
                 log.warning(
                     "dropping the outcome of step %d: no such step in flight", outcome.step_id
@@ -172,21 +180,18 @@ class StepLoop:
             if outcome.error:
                 log.warning("step %d: %s", outcome.step_id, outcome.error)
             self.telemetry.on_outcome(self.link.sent_ns, outcome)
-            result, top = decode_outcome(outcome, self.by_seq)
-            self.in_flight.popleft()
+            result, top = decode_outcome(outcome)
             self._route(core.update(plan, result), top, outcome.step_id)
             self.wake.set()
 
     async def _worker_lost(self, why: str) -> None:
         log.error("worker lost (%s); failing in-flight requests and waiting for it to return", why)
         self.ready.clear()
-        self.in_flight.clear()
         if self.core is not None:
             events = self.core.fail_all(WORKER_GONE)
             self._route(events)
         self.records.clear()
-        self.by_seq.clear()
-        self.finishing.clear()
+        self.seq_ids.clear()
         self.worker_restarts += 1
         await self._connect()
 
@@ -197,40 +202,41 @@ class StepLoop:
             return
         self.telemetry.on_events(events)
         batches: dict[str, hp.EventBatch] = {}
-        entries: dict[str, hp.RequestEvents] = {}
+        entries: dict[int, hp.RequestEvents] = {}
 
-        def entry(request_id: str) -> hp.RequestEvents | None:
-            if request_id in entries:
-                return entries[request_id]
-            record = self.records.get(request_id)
+        def entry(seq_id: int) -> hp.RequestEvents | None:
+            if seq_id in entries:
+                return entries[seq_id]
+            record = self.records.get(seq_id)
             if record is None:
                 return None
             batch = batches.get(record.tokenizer_id)
             if batch is None:
                 batch = batches[record.tokenizer_id] = hp.EventBatch(step_id=step_id)
-            e = entries[request_id] = batch.requests.add(request_id=request_id)
+            e = entries[seq_id] = batch.requests.add(request_id=record.request_id)
             return e
 
         for event in events:
             if isinstance(event, Token):
-                e = entry(event.request_id)
+                e = entry(event.seq_id)
                 if e is None:
                     continue
                 e.token_ids.append(event.token_id)
                 e.logprobs.append(event.logprob)
-                self.records[event.request_id].output_ids.append(event.token_id)
-                if top is not None and event.request_id in top:
-                    for token_id, logprob in top[event.request_id]:
+                self.records[event.seq_id].output_ids.append(event.token_id)
+                if top is not None and event.seq_id in top:
+                    for token_id, logprob in top[event.seq_id]:
                         e.top_ids.append(token_id)
                         e.top_logprobs.append(logprob)
             elif isinstance(event, Finished):
-                e = entry(event.request_id)
+                e = entry(event.seq_id)
                 if e is not None:
                     e.finish_reason = event.reason
                     e.error = event.message
-                    self._finish_record(event.request_id)
+                    record = self.records.pop(event.seq_id)
+                    self.seq_ids.pop(record.request_id, None)
             elif isinstance(event, Scheduled):
-                e = entry(event.request_id)
+                e = entry(event.seq_id)
                 if e is not None:
                     e.cached_prompt_tokens = event.num_cached_tokens
                     e.queue_s = event.queue_s
@@ -240,22 +246,6 @@ class StepLoop:
                 batch.waiting, batch.running = stats.num_waiting, stats.num_running
         for tokenizer_id in self.routes.publish(batches):
             self.cancel_tokenizer(tokenizer_id)
-
-    def _finish_record(self, request_id: str) -> None:
-        record = self.records.pop(request_id)
-        if record.known_to_worker:
-            self.finishing.append(record)  # encode_plan still needs its seq id
-        else:
-            self.by_seq.pop(record.seq_id, None)
-
-    def _forget_finished(self) -> None:
-        still = []
-        for record in self.finishing:
-            if record.known_to_worker:
-                still.append(record)
-            else:
-                self.by_seq.pop(record.seq_id, None)
-        self.finishing = still
 
     def _arm_timer(self, when: float | None) -> None:
         if self.timer is not None:

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.protocol import PLACEHOLDER
 from services.scheduler.block_manager import hash_block
-from services.scheduler.plan import PLACEHOLDER
 
 
 @dataclass(frozen=True, eq=False)
 class Request:
-    request_id: str
+    seq_id: int
     prompt_token_ids: Sequence[int]
     max_tokens: int
     stop_token_ids: frozenset[int] = frozenset()
@@ -65,8 +65,8 @@ class RequestState:
         "priority",
         "rank",
         "request",
-        "request_id",
         "sampling",
+        "seq_id",
         "session_id",
         "status",
         "stop_token_ids",
@@ -84,7 +84,7 @@ class RequestState:
         hash_blocks: bool = True,
     ) -> None:
         self.request = request
-        self.request_id = request.request_id
+        self.seq_id = request.seq_id
         self.priority = request.priority
         self.deadline = request.deadline
         self.session_id = request.session_id

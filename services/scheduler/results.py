@@ -5,16 +5,13 @@ was made (async scheduling: up to two plans are in flight) are dropped whole."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from services.protocol import StepPlan
 from services.scheduler.events import Token
-from services.scheduler.plan import StepPlan
 from services.scheduler.request import RequestState
+from services.scheduler.state import SchedulerState
 
-if TYPE_CHECKING:
-    from services.scheduler.policy import Scheduler
-
-Sampled = dict[str, tuple[int, float]]
+Sampled = dict[int, tuple[int, float]]
 
 # Token(...) runs the NamedTuple's __new__, a Python function; making the tuple directly skips
 # that frame, which is most of the cost of one event per token per step.
@@ -22,7 +19,7 @@ new_tuple = tuple.__new__
 
 
 def apply(
-    s: Scheduler, plan: StepPlan, reqs: Sequence[RequestState], sampled: Sampled, now: float
+    s: SchedulerState, plan: StepPlan, reqs: Sequence[RequestState], sampled: Sampled, now: float
 ) -> bool:
     """Apply one step's outcome to the requests it ran; True if any of them finished (the
     caller then drops them from the running list in one pass)."""
@@ -45,7 +42,7 @@ def apply(
             req.num_registered_blocks = full
         if not sample:
             continue
-        out = sampled.get(req.request_id)
+        out = sampled.get(req.seq_id)
         if out is None:
             s.finish(req, "error", now, "the worker returned no token", unlink=False)
             any_finished = True
@@ -60,7 +57,7 @@ def apply(
         if n % bs == 0:
             req.extend_hashes()
         index = n - req.num_prompt_tokens - 1
-        events.append(new_tuple(Token, (req.request_id, token_id, logprob, index)))
+        events.append(new_tuple(Token, (req.seq_id, token_id, logprob, index)))
         if token_id in req.stop_token_ids:
             s.finish(req, "stop", now, unlink=False)
             any_finished = True

@@ -9,18 +9,15 @@ then the loop ends).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from services.protocol import PLACEHOLDER
 from services.scheduler.builder import StepBuilder
-from services.scheduler.plan import PLACEHOLDER
 from services.scheduler.request import RequestState
-
-if TYPE_CHECKING:
-    from services.scheduler.policy import Scheduler
+from services.scheduler.state import SchedulerState
 
 
 def schedule_running(
-    s: Scheduler, b: StepBuilder, floor: tuple[int, float] | None
+    s: SchedulerState, b: StepBuilder, floor: tuple[int, float] | None
 ) -> list[tuple[RequestState, int]]:
     """A row for every running sequence the budget allows; returns the prefills held back for
     the waiting head (`floor`: its priority and effective priority), if any."""

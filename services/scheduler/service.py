@@ -9,8 +9,7 @@ import grpc
 from grpc import aio
 
 from services.errors import InvalidArgument, ServiceError, Unavailable
-from services.scheduler.codec import RequestRecord
-from services.scheduler.loop import StepLoop
+from services.scheduler.loop import RequestRecord, StepLoop
 from services.scheduler.request import Request
 from services.telemetry.propagation import current_traceparent
 from shm.errors import ShmError
@@ -66,20 +65,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         deadline = time.monotonic() + request.timeout_s if request.timeout_s > 0 else None
         seq_id = self.loop.next_seq_id()
         record = RequestRecord(
-            request_id=request.request_id,
             seq_id=seq_id,
-            tokenizer_id=request.tokenizer_id,
             prompt_len=request.prompt_len,
             prompt_handle=request.prompt_handle,
             prompt_ids=[] if request.prompt_handle else prompt,
-            sampling=request.sampling,
             # The tokenizer's request span; else whatever context the call's metadata brought.
             traceparent=request.traceparent or current_traceparent(),
+            request_id=request.request_id,
+            tokenizer_id=request.tokenizer_id,
         )
         self.loop.submit(
             record,
             Request(
-                request_id=request.request_id,
+                seq_id=seq_id,
                 prompt_token_ids=prompt,
                 max_tokens=request.max_tokens,
                 stop_token_ids=frozenset(request.stop_token_ids),

@@ -12,7 +12,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.state import SchedulerStats
 from services.telemetry.metrics_server import QUEUE_BUCKETS, REQUEST_BUCKETS, STEP_BUCKETS
 
 _LABELS = ("model_name",)

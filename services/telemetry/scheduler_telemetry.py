@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 
+from services.protocol import StepPlan
 from services.scheduler.events import (
     Event,
     Finished,
@@ -32,8 +33,7 @@ from services.scheduler.events import (
     Scheduled,
     Token,
 )
-from services.scheduler.plan import StepPlan
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.state import SchedulerStats
 from services.telemetry.propagation import EpochClock, context_of, traceparent_of
 from services.telemetry.scheduler_metrics import SchedulerMetrics
 from services.telemetry.tracing import Tracing
@@ -76,13 +76,14 @@ class SchedulerTelemetry:
         self.tracing_on = self.tracing.enabled
         self.metrics = metrics or SchedulerMetrics()
         self.clock = EpochClock()
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[int, _Request] = {}
 
     def on_model(self, model_name: str) -> None:
         self.metrics.set_model(model_name)
 
     def on_submit(
         self,
+        seq_id: int,
         request_id: str,
         traceparent: str,
         *,
@@ -100,16 +101,16 @@ class SchedulerTelemetry:
         }
         if session_id:
             attributes["tandem.session_id"] = session_id
-        self.requests[request_id] = _Request(context_of(traceparent), attributes)
+        self.requests[seq_id] = _Request(context_of(traceparent), attributes)
 
     def on_events(self, events: Sequence[Event]) -> None:
         now = time.monotonic()  # Token events carry no time: they are this update's
         for event in events:
             if type(event) is Token:
                 if event.index == 0:
-                    self._first_token(event.request_id, now)
+                    self._first_token(event.seq_id, now)
                 continue
-            req = self.requests.get(event.request_id)
+            req = self.requests.get(event.seq_id)
             if req is None:
                 continue
             if type(event) is Queued:
@@ -152,8 +153,8 @@ class SchedulerTelemetry:
             elif type(event) is Finished:
                 self._finish(req, event, now)
 
-    def _first_token(self, request_id: str, now: float) -> None:
-        req = self.requests.get(request_id)
+    def _first_token(self, seq_id: int, now: float) -> None:
+        req = self.requests.get(seq_id)
         if req is None or req.first_token_t:
             return
         req.first_token_t = now
@@ -162,7 +163,7 @@ class SchedulerTelemetry:
         self._phase("decode", req, now)
 
     def _finish(self, req: _Request, event: Finished, now: float) -> None:
-        del self.requests[event.request_id]
+        del self.requests[event.seq_id]
         end = max(event.time, req.first_token_t)
         m = self.metrics
         if req.first_token_t:
@@ -220,8 +221,8 @@ class SchedulerTelemetry:
         # tells the worker's (parent-based) sampler to drop the step span too.
         requests = self.requests
         fallback = ""
-        for request_id in plan.request_ids:
-            req = requests.get(request_id)
+        for seq_id in plan.seq_ids:
+            req = requests.get(seq_id)
             if req is None or not req.phase_parent:
                 continue
             if req.sampled:

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
-from engine.sampling import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from tandem.v1 import generation_pb2 as pb
 
 DEFAULT_MAX_TOKENS = 256

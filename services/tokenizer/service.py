@@ -12,8 +12,8 @@ from grpc import aio
 
 from engine.errors import InvalidRequest
 from engine.tokenizer import Tokenizer
-from services.convert import sampling_to_pb
 from services.errors import ResourceExhausted, ServiceError, Unavailable
+from services.protocol import sampling_to_pb
 from services.telemetry.generate_trace import GenerateCall, GenerateTelemetry
 from services.tokenizer.events import EventRouter
 from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate

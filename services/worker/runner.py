@@ -11,9 +11,8 @@ import torch
 from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.sampling import SamplingParams
-from services.convert import sampling_from_pb
-from services.scheduler.plan import PLACEHOLDER
+from engine.sampling_params import SamplingParams
+from services.protocol import PLACEHOLDER, sampling_from_pb
 from services.telemetry.step_telemetry import StepTelemetry
 from services.worker.threads import ThreadPolicy
 from shm.errors import ShmError
@@ -51,7 +50,7 @@ class StepRunner:
 
     def reset(self) -> None:
         """A new scheduler attached: no sequence carries over."""
-        self.engine.release(str(seq_id) for seq_id in self.seqs)
+        self.engine.release(self.seqs)
         self.seqs.clear()
         self.telemetry.reset()
 
@@ -72,7 +71,7 @@ class StepRunner:
         outcome = hp.StepOutcome(step_id=desc.step_id)
         for seq_id in desc.finished_seq_ids:
             self.seqs.pop(seq_id, None)
-        self.engine.release(str(s) for s in desc.finished_seq_ids)
+        self.engine.release(desc.finished_seq_ids)
         failed: list[int] = []
         for new in desc.new_seqs:
             try:
@@ -89,17 +88,17 @@ class StepRunner:
             outputs = self.engine.step(batch)
         except InvalidRequest as err:
             # A bad sequence fails the step's sequences, never the worker.
-            outcome.failed_seq_ids.extend([*failed, *(int(s.seq_id) for s in batch)])
+            outcome.failed_seq_ids.extend([*failed, *(s.seq_id for s in batch)])
             outcome.error = str(err)
             return outcome
         outcome.failed_seq_ids.extend(failed)
         top_n = max((o_len for o_len in (len(o.top_logprobs) for o in outputs)), default=0)
         outcome.top_n = top_n
         for out in outputs:
-            state = self.seqs.get(int(out.seq_id))
+            state = self.seqs.get(out.seq_id)  # type: ignore[call-overload]
             if state is not None:
                 state.last_token = out.token_id
-            outcome.seq_ids.append(int(out.seq_id))
+            outcome.seq_ids.append(out.seq_id)
             outcome.token_ids.append(out.token_id)
             outcome.logprobs.append(out.logprob)
             if top_n:
@@ -148,7 +147,7 @@ class StepRunner:
             state.started = True
             batch.append(
                 SeqInput(
-                    seq_id=str(seq_id),
+                    seq_id=seq_id,
                     token_ids=tokens,
                     start_pos=start,
                     block_table=table,

@@ -16,7 +16,7 @@ from grpc import aio
 from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.generate import Generation, GenerationRequest, generate
-from engine.sampling import GREEDY, SamplingParams
+from engine.sampling_params import GREEDY, SamplingParams
 from engine.tokenizer import Tokenizer, load_tokenizer
 from tandem.internal.v1 import scheduler_pb2 as spb
 from tandem.internal.v1 import scheduler_pb2_grpc

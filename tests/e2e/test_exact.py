@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from harness.pipeline import Pipeline, pipeline
 from tandem.v1 import generation_pb2 as pb
 from tests.e2e.client import Reference, Streamed, greedy, idle, stats_when, stream

@@ -6,7 +6,7 @@ import torch
 
 from engine.batch import SeqInput
 from engine.engine import Engine
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 def greedy_alone(engine: Engine, prompt: list[int], table: list[int], steps: int) -> list[int]:

@@ -10,7 +10,7 @@ import torch
 
 from engine.engine import Engine
 from engine.generate import Generation, GenerationRequest, generate
-from engine.sampling import GREEDY
+from engine.sampling_params import GREEDY
 from engine.tokenizer import Tokenizer, load_tokenizer
 
 pytestmark = pytest.mark.slow

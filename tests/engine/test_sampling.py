@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.errors import InvalidRequest
-from engine.sampling import Sampler, SamplingParams, uniform_noise
+from engine.sampling import Sampler, uniform_noise
+from engine.sampling_params import SamplingParams
 
 
 def logits_of(probs: list[float]) -> torch.Tensor:

@@ -232,7 +232,8 @@ def test_tensor_core_int8_products_match_reference() -> None:
 
 
 def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> None:
-    from engine.sampling import GREEDY, Sampler
+    from engine.sampling import Sampler
+    from engine.sampling_params import GREEDY
 
     engine = Engine.from_path(
         default_model, "cuda", "bfloat16", 256 << 20, progress=False, max_num_seqs=8

@@ -9,12 +9,12 @@ from collections import defaultdict
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.scheduler import invariants
+from harness import invariants
 from services.scheduler.errors import SchedulerError
 from services.scheduler.events import Event, Finished, Token
 from services.scheduler.request import Request
 
-from .utils import Rig
+from .utils import Rig, name, sid
 
 # A few shared prefixes (some a block or two long) so prefix sharing happens often.
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
@@ -54,18 +54,18 @@ class BooksMachine(RuleBasedStateMachine):
         """A new request; one the scheduler refuses (a full queue) is not kept."""
         deadline = None if deadline_in is None else self.rig.clock.now + deadline_in
         prompt, stops = [*prefix, *suffix], data.draw(self.stops)
-        request = Request(f"q{self.n}", prompt, max_tokens, stops, priority, deadline, session)
+        request = Request(sid(f"q{self.n}"), prompt, max_tokens, stops, priority, deadline, session)
         self.n += 1
         try:
             self.events += self.rig.add(request)
         except SchedulerError:
             return
-        self.requests[request.request_id] = request
+        self.requests[name(request.seq_id)] = request
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        self.rig.scheduler.cancel(data.draw(st.sampled_from(sorted(self.requests))))
+        self.rig.scheduler.cancel(sid(data.draw(st.sampled_from(sorted(self.requests)))))
         self.events += self.rig.scheduler.drain_events()
 
     @rule(dt=st.floats(0.0, 0.05))
@@ -91,9 +91,9 @@ class BooksMachine(RuleBasedStateMachine):
         tokens: dict[str, list[Token]] = defaultdict(list)
         for e in self.events:
             if isinstance(e, Finished):
-                ends[e.request_id].append(e)
+                ends[name(e.seq_id)].append(e)
             elif isinstance(e, Token):
-                tokens[e.request_id].append(e)
+                tokens[name(e.seq_id)].append(e)
         assert set(ends) == set(self.requests)
         for request_id in self.requests:
             (end,) = ends[request_id]

@@ -15,7 +15,9 @@ from .utils import (
     create_rig,
     create_scheduler,
     expected_tokens,
+    name,
     of_type,
+    sid,
     tokens_of,
 )
 
@@ -23,12 +25,12 @@ from .utils import (
 @pytest.mark.parametrize(
     ("request_", "field"),
     [
-        (Request("", [1], 1), "request_id"),
-        (Request("a", [], 1), "prompt_token_ids"),
-        (Request("a", [1], 0), "max_tokens"),
-        (Request("a", [1] * 256, 1), "prompt_token_ids"),
-        (Request("a", [1] * 200, 57), "max_tokens"),
-        (Request("a", [1], 1, deadline=math.nan), "deadline"),
+        (Request(-1, [1], 1), "seq_id"),
+        (Request(sid("a"), [], 1), "prompt_token_ids"),
+        (Request(sid("a"), [1], 0), "max_tokens"),
+        (Request(sid("a"), [1] * 256, 1), "prompt_token_ids"),
+        (Request(sid("a"), [1] * 200, 57), "max_tokens"),
+        (Request(sid("a"), [1], 1, deadline=math.nan), "deadline"),
     ],
 )
 def test_invalid_requests_name_the_field(request_: Request, field: str) -> None:
@@ -42,16 +44,16 @@ def test_invalid_requests_name_the_field(request_: Request, field: str) -> None:
 def test_a_request_that_could_never_fit_the_kv_pool_is_refused() -> None:
     sched = create_scheduler(num_kv_blocks=8, block_size=4, max_model_len=256)
     with pytest.raises(InvalidRequest, match="KV pool of 32 tokens"):
-        sched.add_request(Request("a", [1] * 30, 3))
-    sched.add_request(Request("b", [1] * 30, 2))
+        sched.add_request(Request(sid("a"), [1] * 30, 3))
+    sched.add_request(Request(sid("b"), [1] * 30, 2))
 
 
-def test_duplicate_request_id_is_refused() -> None:
+def test_duplicate_seq_id_is_refused() -> None:
     sched = create_scheduler()
-    sched.add_request(Request("a", [1, 2], 1))
+    sched.add_request(Request(sid("a"), [1, 2], 1))
     with pytest.raises(InvalidRequest) as err:
-        sched.add_request(Request("a", [3], 1))
-    assert err.value.field == "request_id"
+        sched.add_request(Request(sid("a"), [3], 1))
+    assert err.value.field == "seq_id"
 
 
 def test_backpressure_bounds_the_waiting_count() -> None:
@@ -79,7 +81,7 @@ def test_queued_then_scheduled_events() -> None:
     assert [e.queue_depth for e in of_type(events, Queued)] == [1, 2]
     _, events = rig.step()
     scheduled = of_type(events, Scheduled)
-    assert [e.request_id for e in scheduled] == ["r0", "r1"]
+    assert [name(e.seq_id) for e in scheduled] == ["r0", "r1"]
     assert all(e.num_cached_tokens == 0 for e in scheduled)
 
 
@@ -93,7 +95,7 @@ def test_step_respects_the_token_budget_and_max_seqs() -> None:
     assert plan.num_prefill_tokens == 20 and plan.num_decode_tokens == 0
     plan, _ = rig.step()
     # Decodes first, then the rest of r2's prompt; max_num_seqs keeps r3 and r4 out.
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [
+    assert [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs] == [
         ("r0", 1),
         ("r1", 1),
         ("r2", 4),
@@ -121,10 +123,10 @@ def test_admission_under_kv_pressure_admits_only_what_fits() -> None:
     requests = create_requests(5, prompt_len=10, max_tokens=2)
     rig.add(*requests)
     plan, plan_events = rig.step()
-    assert [s.request_id for s in plan.seqs] == ["r0", "r1", "r2"]
+    assert [name(s.seq_id) for s in plan.seqs] == ["r0", "r1", "r2"]
     assert rig.scheduler.stats().num_waiting == 2
     events = plan_events + rig.run()
     for request in requests:
-        assert tokens_of(events, request.request_id) == expected_tokens(request, 2)
+        assert tokens_of(events, name(request.seq_id)) == expected_tokens(request, 2)
     stats = rig.scheduler.stats()
     assert stats.num_finished == {"length": 5} and stats.kv_blocks_used == 0

@@ -4,24 +4,34 @@ from __future__ import annotations
 
 import pytest
 
+from services.protocol import StepResult
 from services.scheduler.events import Finished, Scheduled, Token
-from services.scheduler.plan import StepResult
 from services.scheduler.request import Request
 
-from .utils import create_requests, create_rig, expected_tokens, finished, of_type, tokens_of
+from .utils import (
+    create_requests,
+    create_rig,
+    expected_tokens,
+    finished,
+    name,
+    names,
+    of_type,
+    sid,
+    tokens_of,
+)
 
 
 def test_cancelling_a_waiting_request() -> None:
     rig = create_rig(max_num_seqs=1)
     rig.add(*create_requests(2, max_tokens=5))
     rig.step()
-    assert rig.scheduler.cancel("r1")
+    assert rig.scheduler.cancel(sid("r1"))
     events = rig.scheduler.drain_events()
     assert finished(events) == {"r1": "cancelled"}
     assert rig.scheduler.stats().num_waiting == 0
     events = rig.run()
-    assert "r1" not in [e.request_id for e in of_type(events, Scheduled)]
-    assert not rig.scheduler.cancel("r1")
+    assert "r1" not in [name(e.seq_id) for e in of_type(events, Scheduled)]
+    assert not rig.scheduler.cancel(sid("r1"))
 
 
 def test_cancelling_a_running_request_frees_its_blocks_at_once() -> None:
@@ -29,11 +39,11 @@ def test_cancelling_a_running_request_frees_its_blocks_at_once() -> None:
     rig.add(*create_requests(2, prompt_len=10, max_tokens=20))
     rig.step()
     used = rig.scheduler.stats().kv_blocks_used
-    assert rig.scheduler.cancel("r0")
+    assert rig.scheduler.cancel(sid("r0"))
     assert rig.scheduler.stats().kv_blocks_used == used - 3
     plan, _ = rig.step()
-    assert plan.finished_request_ids == ["r0"]
-    assert [s.request_id for s in plan.seqs] == ["r1"]
+    assert names(plan.finished_seq_ids) == ["r0"]
+    assert [name(s.seq_id) for s in plan.seqs] == ["r1"]
 
 
 def test_cancelling_during_a_step_drops_its_token() -> None:
@@ -41,10 +51,10 @@ def test_cancelling_during_a_step_drops_its_token() -> None:
     rig.add(*create_requests(2, max_tokens=5))
     plan = rig.scheduler.schedule()
     result = rig.worker.execute(plan)
-    rig.scheduler.cancel("r0")
+    rig.scheduler.cancel(sid("r0"))
     assert rig.scheduler.stats().kv_blocks_used == 2  # r1's only
     events = rig.scheduler.update(plan, result)
-    assert [e.request_id for e in of_type(events, Token)] == ["r1"]
+    assert [name(e.seq_id) for e in of_type(events, Token)] == ["r1"]
     assert finished(events) == {"r0": "cancelled"}
     events += rig.run()
     assert rig.scheduler.stats().num_finished == {"cancelled": 1, "length": 1}
@@ -56,7 +66,7 @@ def test_fail_all_ends_everything_and_starts_the_books_over() -> None:
     rig.step()
     events = rig.scheduler.fail_all("worker exited with signal 9")
     done = of_type(events, Finished)
-    assert {e.request_id for e in done} == {"r0", "r1", "r2", "r3"}
+    assert {name(e.seq_id) for e in done} == {"r0", "r1", "r2", "r3"}
     assert all(e.reason == "error" and "signal 9" in e.message for e in done)
     stats = rig.scheduler.stats()
     assert (stats.num_running, stats.num_waiting) == (0, 0)
@@ -73,10 +83,10 @@ def test_a_missing_token_fails_that_request_only() -> None:
     rig.add(*requests)
     plan = rig.scheduler.schedule()
     result = rig.worker.execute(plan)
-    del result.sampled["r0"]
+    del result.sampled[sid("r0")]
     events = rig.scheduler.update(plan, result)
     (failed,) = of_type(events, Finished)
-    assert (failed.request_id, failed.reason) == ("r0", "error")
+    assert (name(failed.seq_id), failed.reason) == ("r0", "error")
     assert tokens_of(events + rig.run(), "r1") == expected_tokens(requests[1], 3)
     assert rig.scheduler.stats().kv_blocks_used == 0
 
@@ -86,7 +96,7 @@ def test_stop_token_ends_with_stop() -> None:
         return 2 if position == 7 else 5
 
     rig = create_rig(model=model)
-    rig.add(Request("s", [1, 1, 1, 1, 1], 10, stop_token_ids=frozenset({2})))
+    rig.add(Request(sid("s"), [1, 1, 1, 1, 1], 10, stop_token_ids=frozenset({2})))
     events = rig.run()
     # Positions 5, 6 sample 5; position 7 samples the stop token, which is streamed too.
     assert tokens_of(events, "s") == [5, 5, 2]

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from services.scheduler.events import Scheduled
 
-from .utils import create_requests, create_rig, create_simulation, expected_tokens, of_type
+from .utils import (
+    create_requests,
+    create_rig,
+    create_simulation,
+    expected_tokens,
+    name,
+    of_type,
+    sid,
+)
 
 
 def rows(plan) -> list[tuple[str, int, int, bool]]:
-    return [(s.request_id, s.start_pos, len(s.token_ids), s.sample) for s in plan.seqs]
+    return [(name(s.seq_id), s.start_pos, len(s.token_ids), s.sample) for s in plan.seqs]
 
 
 def test_a_long_prompt_is_split_and_only_its_last_chunk_samples() -> None:
@@ -23,7 +31,7 @@ def test_a_long_prompt_is_split_and_only_its_last_chunk_samples() -> None:
     for _ in range(4):
         plan, _ = rig.step()
         # The decode runs in every step of the long prefill.
-        assert plan.seqs[0].request_id == "dec0" and len(plan.seqs[0].token_ids) == 1
+        assert name(plan.seqs[0].seq_id) == "dec0" and len(plan.seqs[0].token_ids) == 1
         seen += [r for r in rows(plan) if r[0] == "long0"]
     assert seen == [
         ("long0", 0, 32, False),
@@ -32,7 +40,7 @@ def test_a_long_prompt_is_split_and_only_its_last_chunk_samples() -> None:
         ("long0", 96, 4, True),
     ]
     rig.run()
-    assert rig.worker.truth["long0"][100:] == expected_tokens(long, 3)
+    assert rig.worker.truth[sid("long0")][100:] == expected_tokens(long, 3)
 
 
 def test_at_most_max_long_prefills_run_and_short_requests_pass_them() -> None:
@@ -44,12 +52,12 @@ def test_at_most_max_long_prefills_run_and_short_requests_pass_them() -> None:
     rig.add(*long, *short)
     plan, events = rig.step()
     # long1 is skipped (one long prefill already runs), the short ones are not held behind it.
-    assert [e.request_id for e in of_type(events, Scheduled)] == ["long0", "short0", "short1"]
+    assert [name(e.seq_id) for e in of_type(events, Scheduled)] == ["long0", "short0", "short1"]
     assert [(r[0], r[2]) for r in rows(plan)] == [("long0", 16), ("short0", 8), ("short1", 8)]
     started_long1 = None
     for step in range(1, 10):
         plan, events = rig.step()
-        if "long1" in [e.request_id for e in of_type(events, Scheduled)]:
+        if "long1" in [name(e.seq_id) for e in of_type(events, Scheduled)]:
             started_long1 = step
             break
     # long0 needs 60 / 16 = 4 chunks: long1 starts in the step its last chunk is sent.
@@ -85,7 +93,7 @@ def test_chunking_protects_short_requests_from_a_long_prompt() -> None:
         for i, request in enumerate(create_requests(20, id_prefix="s", max_tokens=4)):
             sim.submit(request, at=0.001 + i * 0.002)
         sim.run()
-        return [r.ttft or 0.0 for r in sim.records.values() if r.request.request_id != "long0"]
+        return [r.ttft or 0.0 for r in sim.records.values() if name(r.request.seq_id) != "long0"]
 
     chunked = short_ttfts(max_num_batched_tokens=256, long_prefill_token_threshold=128)
     whole = short_ttfts(enable_chunked_prefill=False, max_num_batched_tokens=2048)

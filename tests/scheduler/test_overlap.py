@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler import invariants
+from harness import invariants
+from services.protocol import PLACEHOLDER, StepPlan, StepResult
 from services.scheduler.events import Finished, Preempted, Token
-from services.scheduler.plan import PLACEHOLDER, StepPlan, StepResult
 from services.scheduler.request import Request
 
 from .utils import (
@@ -19,13 +19,16 @@ from .utils import (
     create_simulation,
     expected_tokens,
     finished,
+    name,
+    names,
     of_type,
+    sid,
     tokens_of,
 )
 
 
 def rows(plan: StepPlan) -> dict[str, tuple[int, list[int], bool]]:
-    return {s.request_id: (s.start_pos, s.token_ids, s.sample) for s in plan.seqs}
+    return {name(s.seq_id): (s.start_pos, s.token_ids, s.sample) for s in plan.seqs}
 
 
 def schedule(rig: Rig) -> StepPlan:
@@ -63,7 +66,7 @@ def test_the_next_plan_carries_placeholders_for_the_tokens_in_flight() -> None:
         rig.scheduler.update(second, result1)
     events = update(rig, first, result0) + update(rig, second, result1)
     for request in (a, b):
-        assert tokens_of(events, request.request_id) == expected_tokens(request, 2)
+        assert tokens_of(events, name(request.seq_id)) == expected_tokens(request, 2)
     # Both tokens known now: the next decode row carries the real one.
     third = schedule(rig)
     assert rows(third)["r0"] == (7, [expected_tokens(a, 2)[1]], True)
@@ -82,7 +85,7 @@ def test_a_stop_revealed_by_update_drops_the_next_plans_row() -> None:
         return 2 if position == 7 else 5
 
     rig = create_rig(model=model, async_scheduling=True)
-    rig.add(Request("s", [1, 1, 1, 1, 1, 1], 10, stop_token_ids=frozenset({2})))
+    rig.add(Request(sid("s"), [1, 1, 1, 1, 1, 1], 10, stop_token_ids=frozenset({2})))
     rig.add(*create_requests(1, prompt_len=6, max_tokens=10))
     # Step 0 prefills (samples position 6), step 1 decodes at 6 and samples the stop at 7.
     plans = [schedule(rig), schedule(rig)]
@@ -90,7 +93,7 @@ def test_a_stop_revealed_by_update_drops_the_next_plans_row() -> None:
     events = update(rig, plans[0], results[0])
     # Step 2 decodes s at 7: the stop is in flight, nobody has seen it yet.
     plans.append(schedule(rig))
-    assert "s" in plans[2].request_ids
+    assert "s" in names(plans[2].seq_ids)
     results.append(rig.worker.execute(plans[2]))
     used_before = rig.scheduler.stats().kv_blocks_used
     events += update(rig, plans[1], results[1])
@@ -114,7 +117,7 @@ def test_no_row_after_the_last_token_max_tokens_allows() -> None:
     first = schedule(rig)
     second = schedule(rig)
     # r0's only token is sampled by step 0: nothing for it in step 1.
-    assert second.request_ids == ["t0"]
+    assert names(second.seq_ids) == ["t0"]
     events = update(rig, first, rig.worker.execute(first))
     events += update(rig, second, rig.worker.execute(second))
     assert finished(events) == {"r0": "length"}
@@ -130,13 +133,13 @@ def test_cancel_with_two_plans_in_flight(when: str) -> None:
     step = schedule(rig)
     rig.scheduler.update(step, rig.worker.execute(step))
     first, second = schedule(rig), schedule(rig)
-    assert set(first.request_ids) == set(second.request_ids) == {"r0", "r1"}
+    assert set(names(first.seq_ids)) == set(names(second.seq_ids)) == {"r0", "r1"}
     if when == "before_execute":
-        assert rig.scheduler.cancel("r0")
+        assert rig.scheduler.cancel(sid("r0"))
     results = [rig.worker.execute(first), rig.worker.execute(second)]
     events = update(rig, first, results[0])
     if when == "between_updates":
-        assert rig.scheduler.cancel("r0")
+        assert rig.scheduler.cancel(sid("r0"))
         events += rig.scheduler.drain_events()
     events += update(rig, second, results[1])
     # r0: one token from the first step, or none; then nothing. Its blocks were freed once.
@@ -144,7 +147,7 @@ def test_cancel_with_two_plans_in_flight(when: str) -> None:
     assert streamed == expected_tokens(a, 2)[1 : 1 + (when == "between_updates")]
     assert finished(events)["r0"] == "cancelled"
     nxt = schedule(rig)
-    assert "r0" in nxt.finished_request_ids and "r0" not in nxt.request_ids
+    assert "r0" in names(nxt.finished_seq_ids) and "r0" not in names(nxt.seq_ids)
     events += update(rig, nxt, rig.worker.execute(nxt)) + rig.run()
     assert tokens_of(events, "r1") == expected_tokens(b, 8)[1:]
     assert rig.scheduler.stats().kv_blocks_used == 0
@@ -152,7 +155,7 @@ def test_cancel_with_two_plans_in_flight(when: str) -> None:
 
 def test_a_running_deadline_with_a_row_in_flight() -> None:
     rig = create_rig(async_scheduling=True)
-    rig.add(Request("d", list(range(100, 106)), 50, deadline=0.02))
+    rig.add(Request(sid("d"), list(range(100, 106)), 50, deadline=0.02))
     first = schedule(rig)
     second = schedule(rig)
     results = [rig.worker.execute(first), rig.worker.execute(second)]
@@ -169,8 +172,8 @@ def test_a_running_deadline_with_a_row_in_flight() -> None:
 def test_a_preempted_sequence_is_dropped_from_the_plan_in_flight() -> None:
     # 5 blocks of 4: two 8-token prompts fill 4; growing past them preempts the lower one.
     rig = create_rig(num_kv_blocks=5, async_scheduling=True)
-    high = Request("high", list(range(100, 108)), 12, priority=1)
-    low = Request("low", list(range(200, 208)), 12)
+    high = Request(sid("high"), list(range(100, 108)), 12, priority=1)
+    low = Request(sid("low"), list(range(200, 208)), 12)
     rig.add(high, low)
     step = schedule(rig)
     events = rig.scheduler.update(step, rig.worker.execute(step))
@@ -184,8 +187,8 @@ def test_a_preempted_sequence_is_dropped_from_the_plan_in_flight() -> None:
         events += update(rig, plan, rig.worker.execute(plan))
     # Preempted while the plan before was in flight, with a row (now dead) in it.
     (pre,) = of_type(events, Preempted)
-    assert pre.request_id == "low"
-    assert "low" in inflight[0].request_ids and "low" not in inflight[1].request_ids
+    assert name(pre.seq_id) == "low"
+    assert "low" in names(inflight[0].seq_ids) and "low" not in names(inflight[1].seq_ids)
     for plan in inflight:
         events += update(rig, plan, rig.worker.execute(plan))
     events += rig.run()
@@ -197,16 +200,16 @@ def test_a_preempted_sequence_is_dropped_from_the_plan_in_flight() -> None:
 def test_blocks_are_cached_only_once_computed() -> None:
     rig = create_rig(async_scheduling=True)
     prefix = list(range(1, 13))
-    rig.add(Request("a", [*prefix, 50], 4))
+    rig.add(Request(sid("a"), [*prefix, 50], 4))
     first = schedule(rig)
     # b arrives while a's prompt is in flight: a's blocks are not computed yet, so no hit.
-    rig.add(Request("b", [*prefix, 60], 4))
+    rig.add(Request(sid("b"), [*prefix, 60], 4))
     second = schedule(rig)
     assert rows(second)["b"][0] == 0
     assert rig.scheduler.blocks.num_cached == 0
     rig.scheduler.update(first, rig.worker.execute(first))
     assert rig.scheduler.blocks.num_cached == 3
-    rig.add(Request("c", [*prefix, 70], 4))
+    rig.add(Request(sid("c"), [*prefix, 70], 4))
     third = schedule(rig)
     assert rows(third)["c"][0] == 12
     rig.scheduler.update(second, rig.worker.execute(second))
@@ -227,7 +230,9 @@ def test_token_streams_are_the_same_with_and_without_overlap() -> None:
         )
         sim.hop_s = 50e-6
         for i, request in enumerate(create_requests(12, prompt_len=10, max_tokens=20)):
-            sim.submit(Request(f"q{i}", request.prompt_token_ids, 20, priority=i % 2), at=i * 1e-3)
+            sim.submit(
+                Request(sid(f"q{i}"), request.prompt_token_ids, 20, priority=i % 2), at=i * 1e-3
+            )
         sim.run()
         assert all(r.reason == "length" for r in sim.records.values())
         assert sim.scheduler.num_preemptions > 0

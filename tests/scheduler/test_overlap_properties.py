@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from services.scheduler import invariants
-from services.scheduler.plan import StepPlan, StepResult
+from harness import invariants
+from harness.sim_worker import default_model
+from services.protocol import StepPlan, StepResult
 from services.scheduler.request import Request
-from services.scheduler.simulator import default_model
 
 from .machine import BooksMachine
 from .utils import create_rig
@@ -30,7 +30,7 @@ def expected(request: Request) -> list[int]:
     out: list[int] = []
     p = len(request.prompt_token_ids)
     while len(out) < request.max_tokens:
-        out.append(MODEL(request.request_id, p + len(out)))
+        out.append(MODEL(request.seq_id, p + len(out)))
         if out[-1] in request.stop_token_ids:
             break
     return out

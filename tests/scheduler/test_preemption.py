@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from services.scheduler.events import Preempted, Resumed
 
-from .utils import create_requests, create_rig, expected_tokens, finished, of_type, tokens_of
+from .utils import (
+    create_requests,
+    create_rig,
+    expected_tokens,
+    finished,
+    name,
+    names,
+    of_type,
+    sid,
+    tokens_of,
+)
 
 
 def test_kv_pressure_preempts_and_every_token_survives() -> None:
@@ -19,7 +29,7 @@ def test_kv_pressure_preempts_and_every_token_survives() -> None:
     assert set(finished(events).values()) == {"length"}
     for request in requests:
         # Exactly the model's tokens, in order: nothing lost or emitted twice across resumes.
-        assert tokens_of(events, request.request_id) == expected_tokens(request, 30)
+        assert tokens_of(events, name(request.seq_id)) == expected_tokens(request, 30)
     assert rig.scheduler.stats().kv_blocks_used == 0
 
 
@@ -34,10 +44,10 @@ def test_resume_recomputes_only_what_left_the_cache() -> None:
         events += new
     (pre,) = of_type(events, Preempted)
     (res,) = of_type(events, Resumed)
-    assert pre.request_id == res.request_id == "r1"
+    assert name(pre.seq_id) == name(res.seq_id) == "r1"
     assert 0 < res.num_cached_tokens <= pre.num_computed_tokens
     # The first row after the resume starts right after what was still cached.
-    rows = [s for p in plans for s in p.seqs if s.request_id == "r1"]
+    rows = [s for p in plans for s in p.seqs if name(s.seq_id) == "r1"]
     resumed_at = next(
         i for i, s in enumerate(rows) if i > 0 and s.start_pos < rows[i - 1].start_pos
     )
@@ -53,9 +63,9 @@ def test_the_victim_is_the_lowest_ranked_not_the_newest() -> None:
     (high,) = create_requests(1, id_prefix="high", prompt_len=8, max_tokens=30, priority=1)
     rig.add(high)
     events = rig.run()
-    victims = {e.request_id for e in of_type(events, Preempted)}
+    victims = {name(e.seq_id) for e in of_type(events, Preempted)}
     assert victims == {"low0"}
-    assert rig.worker.truth["low0"][8:] == expected_tokens(low, 30)
+    assert rig.worker.truth[sid("low0")][8:] == expected_tokens(low, 30)
 
 
 def test_a_sequence_with_no_one_below_it_preempts_itself() -> None:
@@ -71,8 +81,8 @@ def test_a_sequence_with_no_one_below_it_preempts_itself() -> None:
         events += new
     # The high one got its block; the low one, last in rank, gave up its own.
     (pre,) = of_type(events, Preempted)
-    assert pre.request_id == "low0"
-    assert [s.request_id for s in plan.seqs] == ["high0"]
-    assert plan.finished_request_ids == ["low0"]
+    assert name(pre.seq_id) == "low0"
+    assert [name(s.seq_id) for s in plan.seqs] == ["high0"]
+    assert names(plan.finished_seq_ids) == ["low0"]
     events += rig.run()
     assert tokens_of(events, "low0") == expected_tokens(low, 24)

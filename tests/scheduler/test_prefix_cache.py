@@ -6,13 +6,13 @@ from __future__ import annotations
 from services.scheduler.events import Scheduled
 from services.scheduler.request import Request
 
-from .utils import create_requests, create_rig, expected_tokens, of_type, tokens_of
+from .utils import create_requests, create_rig, expected_tokens, name, of_type, sid, tokens_of
 
 PREFIX = list(range(1, 13))  # three full blocks of 4
 
 
 def cached_tokens(events: list, request_id: str) -> int:
-    (e,) = [e for e in of_type(events, Scheduled) if e.request_id == request_id]
+    (e,) = [e for e in of_type(events, Scheduled) if name(e.seq_id) == request_id]
     return e.num_cached_tokens
 
 
@@ -26,7 +26,7 @@ def test_requests_sharing_a_prefix_share_its_blocks() -> None:
     rig.add(b)
     plan, events = rig.step()
     assert cached_tokens(events, "b0") == 12
-    (row_b,) = [s for s in plan.seqs if s.request_id == "b0"]
+    (row_b,) = [s for s in plan.seqs if name(s.seq_id) == "b0"]
     # Only the 6 tokens after the prefix are computed, into fresh blocks after the shared ones.
     assert (row_b.start_pos, len(row_b.token_ids)) == (12, 6)
     shared = plan_a.seqs[0].block_table[:3]
@@ -43,15 +43,15 @@ def test_requests_sharing_a_prefix_share_its_blocks() -> None:
 
 def test_a_whole_prompt_hit_still_recomputes_the_last_token() -> None:
     rig = create_rig()
-    rig.add(Request("first", [*PREFIX, 13], 1))
+    rig.add(Request(sid("first"), [*PREFIX, 13], 1))
     rig.run()
     # 13 tokens: the first 12 are cached, exactly one is recomputed and sampled.
-    rig.add(Request("again", [*PREFIX, 13], 1))
+    rig.add(Request(sid("again"), [*PREFIX, 13], 1))
     plan, events = rig.step()
     assert cached_tokens(events, "again") == 12
     assert [(s.start_pos, len(s.token_ids), s.sample) for s in plan.seqs] == [(12, 1, True)]
     # 12 tokens, all in full blocks: the last block is recomputed so the last token has logits.
-    rig.add(Request("exact", PREFIX, 1))
+    rig.add(Request(sid("exact"), PREFIX, 1))
     plan, events = rig.step()
     assert cached_tokens(events, "exact") == 8
     assert [(s.start_pos, len(s.token_ids), s.sample) for s in plan.seqs] == [(8, 4, True)]
@@ -59,18 +59,18 @@ def test_a_whole_prompt_hit_still_recomputes_the_last_token() -> None:
 
 def test_cached_blocks_are_evicted_least_recently_used() -> None:
     rig = create_rig(num_kv_blocks=16, block_size=4)
-    rig.add(Request("a", list(range(100, 108)), 1))
+    rig.add(Request(sid("a"), list(range(100, 108)), 1))
     rig.run()
-    rig.add(Request("b", list(range(200, 208)), 1))
+    rig.add(Request(sid("b"), list(range(200, 208)), 1))
     rig.run()
     # 14 blocks: the 12 never-hashed ones, then the two least recently freed (a's).
-    rig.add(Request("big", list(range(300, 356)), 1))
+    rig.add(Request(sid("big"), list(range(300, 356)), 1))
     rig.run()
     assert rig.scheduler.stats().num_evictions == 2
-    rig.add(Request("b2", list(range(200, 208)), 1))
+    rig.add(Request(sid("b2"), list(range(200, 208)), 1))
     _, events = rig.step()
     assert cached_tokens(events, "b2") == 4
-    rig.add(Request("a2", list(range(100, 108)), 1))
+    rig.add(Request(sid("a2"), list(range(100, 108)), 1))
     _, events = rig.step()
     assert cached_tokens(events, "a2") == 0
 
@@ -97,15 +97,15 @@ def session_turns(session_id: str | None, others: list[int]) -> tuple[int, int]:
     conversation. Returns the cached tokens turn 2 found, and the session-pinned blocks after
     the other traffic ran."""
     rig = create_rig(num_kv_blocks=16, block_size=4, session_kv_fraction=0.5)
-    first = Request("t1", list(range(500, 510)), 6, session_id=session_id)
+    first = Request(sid("t1"), list(range(500, 510)), 6, session_id=session_id)
     rig.add(first)
     rig.run()
-    history = rig.worker.truth["t1"]  # its prompt and its 6 answer tokens
+    history = rig.worker.truth[sid("t1")]  # its prompt and its 6 answer tokens
     for i, n in enumerate(others):
-        rig.add(Request(f"other{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + n)), 1))
+        rig.add(Request(sid(f"other{i}"), list(range(1000 * (i + 1), 1000 * (i + 1) + n)), 1))
         rig.run()
     pinned = rig.scheduler.stats().kv_blocks_session_pinned
-    rig.add(Request("t2", [*history, 7, 8, 9, 10], 2, session_id=session_id))
+    rig.add(Request(sid("t2"), [*history, 7, 8, 9, 10], 2, session_id=session_id))
     _, events = rig.step()
     rig.run()
     # Turn 2 pins its own 5 full blocks (21 tokens computed) for turn 3.

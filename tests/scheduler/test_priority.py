@@ -10,13 +10,16 @@ from .utils import (
     create_rig,
     create_simulation,
     expected_tokens,
+    name,
+    names,
     of_type,
+    sid,
     tokens_of,
 )
 
 
 def admission_order(events: list) -> list[str]:
-    return [e.request_id for e in of_type(events, Scheduled)]
+    return [name(e.seq_id) for e in of_type(events, Scheduled)]
 
 
 def test_higher_priority_first_and_fcfs_within_a_level() -> None:
@@ -52,17 +55,17 @@ def test_a_high_priority_request_preempts_the_lowest_running_one() -> None:
     plan, events = rig.step()
     (preempted,) = of_type(events, Preempted)
     # Equal ranks: the later submission is the victim.
-    assert (preempted.request_id, preempted.cause) == ("low1", "priority")
-    assert [s.request_id for s in plan.seqs] == ["low0", "high0"]
-    assert "low1" in plan.finished_request_ids
+    assert (name(preempted.seq_id), preempted.cause) == ("low1", "priority")
+    assert [name(s.seq_id) for s in plan.seqs] == ["low0", "high0"]
+    assert "low1" in names(plan.finished_seq_ids)
     rest = rig.run()
     (resumed,) = of_type(rest, Resumed)
     # 12 tokens computed (prompt 9 + 3 decodes) = 3 full blocks, all still in the prefix cache.
     assert preempted.num_computed_tokens == 12
-    assert resumed.request_id == "low1" and resumed.num_cached_tokens == 12
+    assert name(resumed.seq_id) == "low1" and resumed.num_cached_tokens == 12
     # The 4 tokens it had before are kept; the 8 after the resume follow them exactly.
     assert tokens_of(rest, "low1") == expected_tokens(low[1], 12)[4:]
-    assert rig.worker.truth["low1"][9:] == expected_tokens(low[1], 12)
+    assert rig.worker.truth[sid("low1")][9:] == expected_tokens(low[1], 12)
     assert rig.scheduler.stats().num_preemptions == 1
 
 
@@ -90,7 +93,7 @@ def test_a_running_request_that_aged_past_the_newcomer_is_not_preempted() -> Non
     rig2.step()
     rig2.add(*create_requests(1, id_prefix="high", priority=1))
     _, events = rig2.step()
-    assert [e.request_id for e in of_type(events, Preempted)] == ["new0"]
+    assert [name(e.seq_id) for e in of_type(events, Preempted)] == ["new0"]
 
 
 def test_a_high_priority_prefill_gets_a_step_without_low_priority_prefill() -> None:
@@ -99,24 +102,24 @@ def test_a_high_priority_prefill_gets_a_step_without_low_priority_prefill() -> N
     rig.step()
     rig.add(*create_requests(1, id_prefix="long", prompt_len=120, max_tokens=2))
     plan, _ = rig.step()
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 32)]
+    assert [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 32)]
     rig.add(*create_requests(1, id_prefix="high", prompt_len=10, priority=1))
     plan, _ = rig.step()
     # The decode still runs; the low-priority chunk waits one step.
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("high0", 10)]
+    assert [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("high0", 10)]
     plan, _ = rig.step()
-    assert ("long0", 32) in [(s.request_id, len(s.token_ids)) for s in plan.seqs]
+    assert ("long0", 32) in [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs]
     # Without isolation the chunk shares the step.
     rig2 = create_rig(isolate_priority_prefill=False, max_num_batched_tokens=64)
     rig2.add(*create_requests(1, id_prefix="long", prompt_len=120, max_tokens=2))
     rig2.step()
     rig2.add(*create_requests(1, id_prefix="high", prompt_len=10, priority=1))
     plan, _ = rig2.step()
-    assert {s.request_id for s in plan.seqs} == {"long0", "high0"}
+    assert {name(s.seq_id) for s in plan.seqs} == {"long0", "high0"}
 
 
 def prefill_rows(plan) -> list[tuple[str, int]]:
-    return [(s.request_id, len(s.token_ids)) for s in plan.seqs if len(s.token_ids) > 1]
+    return [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs if len(s.token_ids) > 1]
 
 
 def test_lower_priority_prefill_yields_while_higher_priority_traffic_arrives() -> None:
@@ -160,9 +163,9 @@ def run_low_under_high_load(aging_per_s: float) -> tuple[float, list[tuple[float
     sim = create_simulation(max_num_seqs=1, aging_per_s=aging_per_s, max_waiting_requests=4096)
     for i, request in enumerate(create_requests(150, id_prefix="h", priority=1, max_tokens=4)):
         sim.submit(request, at=i * 0.01)
-    sim.submit(Request("low", [1, 2, 3], 4), at=0.0015)
+    sim.submit(Request(sid("low"), [1, 2, 3], 4), at=0.0015)
     sim.run()
-    low = sim.records["low"]
+    low = sim.records[sid("low")]
     assert low.reason == "length" and low.scheduled_at is not None
     highs = [
         (r.submitted_at, r.scheduled_at)
@@ -204,11 +207,11 @@ def test_no_one_is_preempted_for_a_request_that_is_passed_over_anyway() -> None:
     rig.add(*create_requests(1, id_prefix="long", prompt_len=40, max_tokens=2, priority=1))
     plan, _ = rig.step()
     # Decode rows first, then prefill chunks.
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
+    assert [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
     rig.add(*create_requests(1, id_prefix="high", prompt_len=40, max_tokens=2, priority=1))
     plan, events = rig.step()
     assert of_type(events, Preempted) == []
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
+    assert [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs] == [("dec0", 1), ("long0", 8)]
     rig.run()
 
 
@@ -218,12 +221,12 @@ def test_a_long_low_priority_prefill_does_not_hold_back_a_long_high_priority_one
     rig.step()
     rig.add(*create_requests(1, id_prefix="high", prompt_len=40, max_tokens=2, priority=1))
     plan, events = rig.step()
-    assert [e.request_id for e in of_type(events, Scheduled)] == ["high0"]
-    assert [(s.request_id, len(s.token_ids)) for s in plan.seqs] == [("high0", 8)]
+    assert [name(e.seq_id) for e in of_type(events, Scheduled)] == ["high0"]
+    assert [(name(s.seq_id), len(s.token_ids)) for s in plan.seqs] == [("high0", 8)]
     assert dict(rig.scheduler.long_prefills.by_priority) == {0: 1, 1: 1}
     # Another long one at the low level still waits for the first.
     rig.add(*create_requests(1, id_prefix="low2", prompt_len=40, max_tokens=2))
     for _ in range(3):
         _, events = rig.step()
-        assert "low2" not in [e.request_id for e in of_type(events, Scheduled)]
+        assert "low2" not in [name(e.seq_id) for e in of_type(events, Scheduled)]
     rig.run()

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from services.scheduler import invariants
+from harness import invariants
 
 from .machine import BooksMachine
 from .utils import create_rig, expected_tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 from services.scheduler.events import Scheduled
 from services.scheduler.request import Request
 
-from .utils import create_requests, create_rig, create_simulation, of_type
+from .utils import create_requests, create_rig, create_simulation, name, of_type, sid
 
 
 def test_window_off_admits_at_once() -> None:
@@ -29,7 +29,7 @@ def test_window_holds_an_idle_worker_while_arrivals_are_dense() -> None:
     rig.clock.advance(0.0001)
     rig.add(third)  # window_max_seqs reached: no reason to wait longer
     plan, events = rig.step()
-    assert [s.request_id for s in plan.seqs] == ["r0", "r1", "r2"]
+    assert [name(s.seq_id) for s in plan.seqs] == ["r0", "r1", "r2"]
     assert [e.queue_s for e in of_type(events, Scheduled)] == [0.0002, 0.0001, 0.0]
 
 
@@ -42,7 +42,7 @@ def test_window_closes_after_max_wait() -> None:
     assert rig.step()[0].is_empty
     rig.clock.advance_to(rig.scheduler.next_wakeup() or 0.0)
     plan, _ = rig.step()
-    assert [s.request_id for s in plan.seqs] == ["r0", "r1"]
+    assert [name(s.seq_id) for s in plan.seqs] == ["r0", "r1"]
 
 
 def test_window_never_delays_while_sequences_run() -> None:
@@ -56,13 +56,13 @@ def test_window_never_delays_while_sequences_run() -> None:
     rig.clock.advance(0.00005)
     rig.add(c)
     plan, _ = rig.step()
-    assert "r2" in [s.request_id for s in plan.seqs]
+    assert "r2" in [name(s.seq_id) for s in plan.seqs]
 
 
 def test_window_does_not_hold_sparse_traffic() -> None:
     sim = create_simulation(max_wait_us=2000.0)
     for i in range(5):
-        sim.submit(Request(f"s{i}", [i + 1], 2), at=i * 0.1)
+        sim.submit(Request(sid(f"s{i}"), [i + 1], 2), at=i * 0.1)
     sim.run()
     # 100 ms apart, far more than the window: each one starts the moment it arrives.
     assert all(r.queue_wait == 0.0 for r in sim.records.values())

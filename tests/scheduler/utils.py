@@ -7,18 +7,18 @@ test passes a shared `prefix`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.scheduler import invariants
+from harness import invariants
+from harness.sim_worker import CostModel, Model, SimClock, SimWorker, default_model
+from harness.simulation import Simulation
+from services.protocol import StepPlan
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.events import Event, Finished, Token
-from services.scheduler.plan import StepPlan
-from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
-from services.scheduler.simulation import Simulation
-from services.scheduler.simulator import CostModel, Model, SimClock, SimWorker, default_model
+from services.scheduler.scheduler import Scheduler
 
 DEFAULTS: dict[str, Any] = {
     "num_kv_blocks": 64,
@@ -31,6 +31,27 @@ DEFAULTS: dict[str, Any] = {
 }
 
 MODEL = default_model()
+
+# Tests name requests ("low0", "high1"); the scheduler numbers them (the seq ids it is given).
+# One registry maps each name to one id for the whole run, and back.
+_ids: dict[str, int] = {}
+_names: dict[int, str] = {}
+
+
+def sid(name: str) -> int:
+    """The seq id of the request a test calls `name`."""
+    if name not in _ids:
+        _ids[name] = len(_ids)
+        _names[_ids[name]] = name
+    return _ids[name]
+
+
+def name(seq_id: int) -> str:
+    return _names.get(seq_id, str(seq_id))
+
+
+def names(seq_ids: Iterable[int]) -> list[str]:
+    return [name(i) for i in seq_ids]
 
 
 def create_scheduler(clock: SimClock | None = None, **overrides: Any) -> Scheduler:
@@ -53,14 +74,14 @@ def create_requests(
     out = []
     for i in range(n):
         own = [next(_token_ids) for _ in range(prompt_len)]
-        out.append(Request(f"{id_prefix}{i}", [*prefix, *own], max_tokens, **fields))
+        out.append(Request(sid(f"{id_prefix}{i}"), [*prefix, *own], max_tokens, **fields))
     return out
 
 
 def expected_tokens(request: Request, n: int, model: Model = MODEL) -> list[int]:
     """The n tokens the simulated model generates for this request: what must come out."""
     p = len(request.prompt_token_ids)
-    return [model(request.request_id, p + i) for i in range(n)]
+    return [model(request.seq_id, p + i) for i in range(n)]
 
 
 @dataclass
@@ -124,12 +145,12 @@ def create_simulation(
     return Simulation(scheduler, clock, worker, cost, after_step=invariants.check)
 
 
-def tokens_of(events: Sequence[Event], request_id: str) -> list[int]:
-    return [e.token_id for e in events if isinstance(e, Token) and e.request_id == request_id]
+def tokens_of(events: Sequence[Event], request: str) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, Token) and e.seq_id == sid(request)]
 
 
 def finished(events: Sequence[Event]) -> dict[str, str]:
-    return {e.request_id: e.reason for e in events if isinstance(e, Finished)}
+    return {name(e.seq_id): e.reason for e in events if isinstance(e, Finished)}
 
 
 def of_type(events: Sequence[Event], kind: type) -> list[Any]:

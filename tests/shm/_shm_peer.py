@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import struct
 import subprocess
 import sys
 import zlib
 from pathlib import Path
 
+from shm.arena import Arena
 from shm.consumer import RingConsumer
-from shm.lifecycle import ShmOwner
 from shm.producer import RingProducer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,10 +54,10 @@ def produce(count: int, capacity: int, max_body: int) -> None:
 
 
 def hold() -> None:
-    """Own an arena and a ring under a ShmOwner, print their names, wait for stdin to close."""
-    with ShmOwner() as owner:
-        arena = owner.arena(1 << 20)
-        ring = owner.ring(1 << 16)
+    """Own an arena and a ring, print their names, wait for stdin to close; SIGTERM ends the
+    process the way the services end on it: through the code that closes what it owns."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with Arena.create(1 << 20) as arena, RingProducer.create(1 << 16) as ring:
         print(arena.name, flush=True)
         print(ring.name, flush=True)
         sys.stdin.read()

@@ -9,9 +9,9 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from services.errors import InvalidArgument
+from services.protocol import StepPlan
 from services.scheduler.events import Finished, Preempted, Queued, Resumed, Scheduled, Token
-from services.scheduler.plan import StepPlan
-from services.scheduler.stats import SchedulerStats
+from services.scheduler.state import SchedulerStats
 from services.telemetry.generate_trace import GenerateTelemetry
 from services.telemetry.propagation import span_context_of
 from services.telemetry.scheduler_metrics import SchedulerMetrics
@@ -62,12 +62,12 @@ def scheduler(recorded: Recorded) -> SchedulerTelemetry:
 
 def test_a_request_is_queue_prefill_decode_under_its_request_span(recorded: Recorded) -> None:
     t = scheduler(recorded)
-    t.on_submit("r", REQUEST_SPAN, prompt_tokens=5, max_tokens=3, priority=2, session_id="s")
-    t.on_events([Queued("r", 10.0, 1), Scheduled("r", 10.5, 0.5, 0)])
-    t.on_events([Token("r", 7, -0.1, 0)])
-    t.on_events([Preempted("r", 11.0, 6, "kv")])
-    t.on_events([Resumed("r", 11.25, 0), Token("r", 8, -0.1, 1)])
-    t.on_events([Token("r", 9, -0.1, 2), Finished("r", 1e9, "length", 3)])
+    t.on_submit(1, "r", REQUEST_SPAN, prompt_tokens=5, max_tokens=3, priority=2, session_id="s")
+    t.on_events([Queued(1, 10.0, 1), Scheduled(1, 10.5, 0.5, 0)])
+    t.on_events([Token(1, 7, -0.1, 0)])
+    t.on_events([Preempted(1, 11.0, 6, "kv")])
+    t.on_events([Resumed(1, 11.25, 0), Token(1, 8, -0.1, 1)])
+    t.on_events([Token(1, 9, -0.1, 2), Finished(1, 1e9, "length", 3)])
     request = span_context_of(REQUEST_SPAN)
     assert request is not None
     queues, (prefill,), (decode,) = (recorded.named(n) for n in ("queue", "prefill", "decode"))
@@ -96,8 +96,8 @@ def test_a_request_is_queue_prefill_decode_under_its_request_span(recorded: Reco
 
 def test_a_failed_request_ends_its_open_span_with_an_error(recorded: Recorded) -> None:
     t = scheduler(recorded)
-    t.on_submit("r", REQUEST_SPAN, prompt_tokens=5, max_tokens=3, priority=0, session_id="")
-    t.on_events([Queued("r", 1.0, 1), Finished("r", 2.0, "deadline", 0, "could not start")])
+    t.on_submit(1, "r", REQUEST_SPAN, prompt_tokens=5, max_tokens=3, priority=0, session_id="")
+    t.on_events([Queued(1, 1.0, 1), Finished(1, 2.0, "deadline", 0, "could not start")])
     [queue] = recorded.named("queue")
     assert queue.status.status_code is StatusCode.ERROR
     assert queue.status.description == "could not start"
@@ -108,17 +108,20 @@ def test_a_step_record_names_the_first_sampled_requests_phase_as_its_parent(
     recorded: Recorded,
 ) -> None:
     t = scheduler(recorded)
-    for rid, parent in (("unsampled", UNSAMPLED), ("sampled", REQUEST_SPAN)):
-        t.on_submit(rid, parent, prompt_tokens=4, max_tokens=2, priority=0, session_id="")
-        t.on_events([Queued(rid, 1.0, 1), Scheduled(rid, 1.0, 0.0, 0)])
+    unsampled, sampled = 1, 2
+    for seq_id, parent in ((unsampled, UNSAMPLED), (sampled, REQUEST_SPAN)):
+        t.on_submit(
+            seq_id, f"r{seq_id}", parent, prompt_tokens=4, max_tokens=2, priority=0, session_id=""
+        )
+        t.on_events([Queued(seq_id, 1.0, 1), Scheduled(seq_id, 1.0, 0.0, 0)])
     desc = hp.StepDescriptor()
-    plan = StepPlan(step_id=0, request_ids=["unsampled", "sampled"], num_prefill_tokens=8)
+    plan = StepPlan(step_id=0, seq_ids=[unsampled, sampled], num_prefill_tokens=8)
     t.on_plan(plan, desc, stats(kv_blocks_used=2))
-    assert desc.traceparent == t.requests["sampled"].phase_parent
+    assert desc.traceparent == t.requests[sampled].phase_parent
     assert desc.num_prefill_tokens == 8 and desc.kv_blocks_used == 2
     # With no sampled request in the step, an unsampled parent makes the worker drop its span.
     lone = hp.StepDescriptor()
-    t.on_plan(StepPlan(step_id=1, request_ids=["unsampled"]), lone, stats())
+    t.on_plan(StepPlan(step_id=1, seq_ids=[unsampled]), lone, stats())
     assert lone.traceparent.endswith("-00")
 
 
@@ -141,13 +144,13 @@ def test_scheduler_counters_never_go_back_when_the_core_starts_over() -> None:
 def test_with_tracing_off_the_scheduler_makes_no_spans_and_still_counts() -> None:
     t = SchedulerTelemetry(Tracing.off(), SchedulerMetrics())
     t.on_model("m")
-    t.on_submit("r", REQUEST_SPAN, prompt_tokens=1, max_tokens=1, priority=0, session_id="")
-    t.on_events([Queued("r", 1.0, 1), Scheduled("r", 1.0, 0.0, 0), Token("r", 1, 0.0, 0)])
-    assert t.requests["r"].phase is None
+    t.on_submit(1, "r", REQUEST_SPAN, prompt_tokens=1, max_tokens=1, priority=0, session_id="")
+    t.on_events([Queued(1, 1.0, 1), Scheduled(1, 1.0, 0.0, 0), Token(1, 1, 0.0, 0)])
+    assert t.requests[1].phase is None
     desc = hp.StepDescriptor()
-    t.on_plan(StepPlan(step_id=0, request_ids=["r"]), desc, stats())
+    t.on_plan(StepPlan(step_id=0, seq_ids=[1]), desc, stats())
     assert desc.traceparent == ""
-    t.on_events([Finished("r", 2.0, "length", 1)])
+    t.on_events([Finished(1, 2.0, "length", 1)])
     assert sample(t.metrics, "tandem_request_prefill_time_seconds_count") == 1
 
 

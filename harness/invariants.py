@@ -6,27 +6,27 @@ Raises InvariantViolation naming every problem found; silent when the books bala
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
-from services.scheduler.errors import InvariantViolation
-from services.scheduler.plan import PLACEHOLDER
+from services.protocol import PLACEHOLDER
 from services.scheduler.request import Status
-
-if TYPE_CHECKING:
-    from services.scheduler.policy import Scheduler
+from services.scheduler.state import SchedulerState
 
 
-def check(s: Scheduler) -> None:
+class InvariantViolation(Exception):
+    """The scheduler's bookkeeping is inconsistent: a bug."""
+
+
+def check(s: SchedulerState) -> None:
     problems = _request_problems(s) + _block_problems(s) + _flight_problems(s)
     if problems:
         raise InvariantViolation("; ".join(problems))
 
 
-def _request_problems(s: Scheduler) -> list[str]:
+def _request_problems(s: SchedulerState) -> list[str]:
     out: list[str] = []
-    running_ids = [r.request_id for r in s.running]
+    running_ids = [r.seq_id for r in s.running]
     waiting = s.waiting.live()
-    waiting_ids = [r.request_id for r in waiting]
+    waiting_ids = [r.seq_id for r in waiting]
     if len(set(running_ids)) != len(running_ids):
         out.append("a request is in the running list twice")
     if len(set(waiting_ids)) != len(waiting_ids):
@@ -38,22 +38,22 @@ def _request_problems(s: Scheduler) -> list[str]:
     if len(s.running) > s.config.max_num_seqs:
         out.append(f"{len(s.running)} running > max_num_seqs")
     for r in s.running:
-        if r.status is not Status.RUNNING or s.requests.get(r.request_id) is not r:
-            out.append(f"{r.request_id} in the running list with status {r.status}")
+        if r.status is not Status.RUNNING or s.requests.get(r.seq_id) is not r:
+            out.append(f"{r.seq_id} in the running list with status {r.status}")
         if r.decoding:
             # Tokens sampled by plans in flight, not known yet: at most one per plan.
             pending = r.num_computed_tokens + 1 - len(r.token_ids)
             if r.num_computed_tokens < r.num_prompt_tokens or not 0 <= pending <= len(s.flights):
-                out.append(f"{r.request_id} decoding with {pending} tokens pending")
+                out.append(f"{r.seq_id} decoding with {pending} tokens pending")
             elif (r.last_token == PLACEHOLDER) != (pending > 0) or (
                 not pending and r.last_token != r.token_ids[-1]
             ):
-                out.append(f"{r.request_id}: last_token {r.last_token} with {pending} pending")
+                out.append(f"{r.seq_id}: last_token {r.last_token} with {pending} pending")
     for r in waiting:
-        if s.requests.get(r.request_id) is not r:
-            out.append(f"{r.request_id} waiting but not in the request table")
+        if s.requests.get(r.seq_id) is not r:
+            out.append(f"{r.seq_id} waiting but not in the request table")
         if r.block_ids or r.num_computed_tokens:
-            out.append(f"{r.request_id} waits while holding blocks or computed tokens")
+            out.append(f"{r.seq_id} waits while holding blocks or computed tokens")
     if s.waiting.count != len(waiting):
         out.append(f"waiting count {s.waiting.count} != {len(waiting)} live entries")
     if s.waiting.num_tokens != sum(len(r.token_ids) for r in waiting):
@@ -75,26 +75,24 @@ def _request_problems(s: Scheduler) -> list[str]:
     return out
 
 
-def _block_problems(s: Scheduler) -> list[str]:
+def _block_problems(s: SchedulerState) -> list[str]:
     out: list[str] = []
     bm, bs = s.blocks, s.config.block_size
     holders: Counter[int] = Counter()
     for r in s.running:
         holders.update(r.block_ids)
         if len(set(r.block_ids)) != len(r.block_ids):
-            out.append(f"{r.request_id} holds a block twice")
+            out.append(f"{r.seq_id} holds a block twice")
         if r.block_table != tuple(r.block_ids):
-            out.append(f"{r.request_id}: block_table out of date")
+            out.append(f"{r.seq_id}: block_table out of date")
         if len(r.block_ids) != -(-r.num_computed_tokens // bs):
-            out.append(
-                f"{r.request_id}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens"
-            )
+            out.append(f"{r.seq_id}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
         for j, block_id in enumerate(r.block_ids):
             block_hash = bm.block_hashes[block_id]
             if block_hash is not None and (
                 j >= len(r.block_hashes) or r.block_hashes[j] != block_hash
             ):
-                out.append(f"{r.request_id}: block {block_id} holds another prefix")
+                out.append(f"{r.seq_id}: block {block_id} holds another prefix")
     for _, block_ids in s.sessions.items():
         holders.update(block_ids)
     if sum(len(ids) for _, ids in s.sessions.items()) != s.sessions.num_pinned:
@@ -117,7 +115,7 @@ def _block_problems(s: Scheduler) -> list[str]:
     return out
 
 
-def _flight_problems(s: Scheduler) -> list[str]:
+def _flight_problems(s: SchedulerState) -> list[str]:
     """Every row of a plan in flight either still speaks for its request's blocks (the request
     runs and its table starts with the row's) or is marked dead (valid_from)."""
     out: list[str] = []
@@ -132,10 +130,10 @@ def _flight_problems(s: Scheduler) -> list[str]:
             if req.valid_from > plan.step_id:
                 continue
             if req.status is not Status.RUNNING:
-                out.append(f"step {plan.step_id}: live row of {req.request_id} ({req.status})")
+                out.append(f"step {plan.step_id}: live row of {req.seq_id} ({req.status})")
             elif req.block_table[: len(table)] != table:
-                out.append(f"step {plan.step_id}: {req.request_id}'s row has another block table")
+                out.append(f"step {plan.step_id}: {req.seq_id}'s row has another block table")
     for r in s.requests.values():
         if r.valid_from > s.next_step_id:
-            out.append(f"{r.request_id}: valid_from {r.valid_from} > next step {s.next_step_id}")
+            out.append(f"{r.seq_id}: valid_from {r.valid_from} > next step {s.next_step_id}")
     return out

@@ -13,10 +13,10 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.scheduler.plan import PLACEHOLDER, StepPlan, StepResult
+from services.protocol import PLACEHOLDER, StepPlan, StepResult
 from services.scheduler.request import Request
 
-# (request_id, position of the token being sampled) -> token id. Deterministic, so a run with
+# (seq_id, position of the token being sampled) -> token id. Deterministic, so a run with
 # preemptions must produce exactly the tokens of a run without.
 Model = Callable[[str, int], int]
 
@@ -58,8 +58,8 @@ class CostModel:
 
 
 def default_model(vocab_size: int = 32000) -> Model:
-    def model(request_id: str, position: int) -> int:
-        return (zlib.crc32(request_id.encode()) * 7919 + position * 104729) % vocab_size
+    def model(seq_id: int, position: int) -> int:
+        return (zlib.crc32(str(seq_id).encode()) * 7919 + position * 104729) % vocab_size
 
     return model
 
@@ -88,7 +88,7 @@ class SimWorker:
         self.last_sampled: dict[str, tuple[int, float]] = {}
 
     def register(self, request: Request) -> None:
-        self.truth[request.request_id] = list(request.prompt_token_ids)
+        self.truth[request.seq_id] = list(request.prompt_token_ids)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run a plan: plans must come in step order, and a PLACEHOLDER token becomes what
@@ -97,39 +97,39 @@ class SimWorker:
             raise SimulationError(f"step {plan.step_id} after step {self.last_step}")
         previous = self.last_sampled if plan.step_id == self.last_step + 1 else {}
         self.steps += 1
-        self.forgotten.update(plan.finished_request_ids)
+        self.forgotten.update(plan.finished_seq_ids)
         sampled: dict[str, tuple[int, float]] = {}
         seen: set[str] = set()
         rows = zip(
-            plan.request_ids,
+            plan.seq_ids,
             plan.row_tokens(),
             plan.start_pos,
             plan.block_tables,
             plan.sample,
             strict=True,
         )
-        for request_id, token_ids, start, table, sample in rows:
-            if request_id in seen:
-                raise SimulationError(f"step {plan.step_id}: {request_id} planned twice")
-            seen.add(request_id)
+        for seq_id, token_ids, start, table, sample in rows:
+            if seq_id in seen:
+                raise SimulationError(f"step {plan.step_id}: {seq_id} planned twice")
+            seen.add(seq_id)
             if PLACEHOLDER in token_ids:
-                if len(token_ids) != 1 or request_id not in previous:
+                if len(token_ids) != 1 or seq_id not in previous:
                     raise SimulationError(
-                        f"step {plan.step_id}: {request_id} has a placeholder, but step "
+                        f"step {plan.step_id}: {seq_id} has a placeholder, but step "
                         f"{plan.step_id - 1} sampled nothing for it"
                     )
-                token_ids = [previous[request_id][0]]
+                token_ids = [previous[seq_id][0]]
             end = start + len(token_ids)
             if not token_ids or len(table) * self.block_size < end:
                 raise SimulationError(
-                    f"step {plan.step_id}: {request_id} has {len(table)} blocks for {end} tokens"
+                    f"step {plan.step_id}: {seq_id} has {len(table)} blocks for {end} tokens"
                 )
             if self.check_kv:
-                self._check_and_write(request_id, token_ids, start, table)
+                self._check_and_write(seq_id, token_ids, start, table)
             if sample:
-                token_id = self.model(request_id, end)
-                sampled[request_id] = (token_id, -0.5)
-                truth = self.truth.get(request_id)
+                token_id = self.model(seq_id, end)
+                sampled[seq_id] = (token_id, -0.5)
+                truth = self.truth.get(seq_id)
                 if truth is not None and len(truth) == end:
                     truth.append(token_id)
         self.last_step = plan.step_id
@@ -137,21 +137,21 @@ class SimWorker:
         return StepResult(plan.step_id, dict(sampled))
 
     def _check_and_write(
-        self, request_id: str, token_ids: Sequence[int], start: int, table: Sequence[int]
+        self, seq_id: int, token_ids: Sequence[int], start: int, table: Sequence[int]
     ) -> None:
-        truth = self.truth.get(request_id)
+        truth = self.truth.get(seq_id)
         if truth is None:
-            raise SimulationError(f"{request_id} was never registered with the worker")
+            raise SimulationError(f"{seq_id} was never registered with the worker")
         bs, kv = self.block_size, self.kv
         end = start + len(token_ids)
         if list(token_ids) != truth[start:end]:
-            raise SimulationError(f"{request_id}: new tokens at {start} differ from its sequence")
+            raise SimulationError(f"{seq_id}: new tokens at {start} differ from its sequence")
         if any(not 0 <= b < self.num_blocks for b in table):
-            raise SimulationError(f"{request_id}: block id out of range in {table}")
+            raise SimulationError(f"{seq_id}: block id out of range in {table}")
         for pos in range(start):
             if kv[table[pos // bs]][pos % bs] != truth[pos]:
                 raise SimulationError(
-                    f"{request_id}: KV at position {pos} (block {table[pos // bs]}) is "
+                    f"{seq_id}: KV at position {pos} (block {table[pos // bs]}) is "
                     f"{kv[table[pos // bs]][pos % bs]}, not {truth[pos]}"
                 )
         for pos in range(start, end):

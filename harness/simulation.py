@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
+from harness.sim_worker import CostModel, SimClock, SimWorker
+from services.protocol import StepPlan, StepResult
 from services.scheduler.errors import SchedulerError
 from services.scheduler.events import Event, Finished, Preempted, Scheduled, Token
-from services.scheduler.plan import StepPlan, StepResult
-from services.scheduler.policy import Scheduler
 from services.scheduler.request import Request
-from services.scheduler.simulator import CostModel, SimClock, SimWorker
+from services.scheduler.scheduler import Scheduler
 
 _T = TypeVar("_T")
 
@@ -117,8 +117,8 @@ class Simulation:
             at = request.arrival_time if request.arrival_time is not None else self.clock.now
         self._at(at, lambda: self._arrive(request))
 
-    def cancel(self, request_id: str, at: float) -> None:
-        self._at(at, lambda: self._cancel(request_id))
+    def cancel(self, seq_id: int, at: float) -> None:
+        self._at(at, lambda: self._cancel(seq_id))
 
     def run(self, until: float | None = None, max_steps: int | None = None) -> None:
         """Advance until nothing is left to happen, simulated time `until`, or `max_steps` more
@@ -226,12 +226,12 @@ class Simulation:
         heapq.heappush(self._pending, (t, self._seq, action))
         self._seq += 1
 
-    def _cancel(self, request_id: str) -> None:
-        self.scheduler.cancel(request_id)
+    def _cancel(self, seq_id: int) -> None:
+        self.scheduler.cancel(seq_id)
 
     def _arrive(self, request: Request) -> None:
         record = RequestRecord(request, self.clock.now)
-        self.records[request.request_id] = record
+        self.records[request.seq_id] = record
         self.worker.register(request)
         try:
             self.scheduler.add_request(request)
@@ -244,15 +244,15 @@ class Simulation:
             if self.keep_events:
                 self.events.append((now, event))
             if isinstance(event, Token):
-                record = records[event.request_id]
+                record = records[event.seq_id]
                 if record.first_token_at is None:
                     record.first_token_at = now
                 record.tokens.append(event.token_id)
                 record.token_times.append(now)
             elif isinstance(event, Scheduled):
-                records[event.request_id].scheduled_at = now
+                records[event.seq_id].scheduled_at = now
             elif isinstance(event, Preempted):
-                records[event.request_id].preemptions += 1
+                records[event.seq_id].preemptions += 1
             elif isinstance(event, Finished):
-                records[event.request_id].finished_at = now
-                records[event.request_id].reason = event.reason
+                records[event.seq_id].finished_at = now
+                records[event.seq_id].reason = event.reason
