@@ -111,6 +111,7 @@ def in_process(
             block_size=engine.block_size,
             max_model_len=engine.config.max_seq_len,
             max_num_seqs=max_num_seqs,
+            async_scheduling=False,  # this loop runs one plan at a time
         )
     )
     lines: dict[int, Timeline] = {}

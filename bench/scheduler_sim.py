@@ -42,6 +42,7 @@ BASE: dict[str, Any] = {
     # Latency-oriented steps (as Sarathi-Serve recommends for tight TTFT/TBT targets).
     "max_num_batched_tokens": 512,
     "long_prefill_token_threshold": 512,
+    "async_scheduling": False,  # the overlap section asks for it by name
 }
 
 
@@ -116,7 +117,7 @@ def overload_priority(quick: bool) -> dict[str, float]:
     rng = random.Random(1)
     # Capacity: a saturating batch of the same mix, all at once.
     batch = [(0.0, chat_request(rng)) for i in range(300 if quick else 600)]
-    _, makespan = simulate(batch, max_waiting_requests=10_000)
+    _, makespan = simulate(batch, max_queued_requests=10_000)
     capacity = len(batch) / makespan
     duration = 20.0 if quick else 60.0
     arrivals = poisson(rng, 2 * capacity, duration)
@@ -137,7 +138,7 @@ def overload_priority(quick: bool) -> dict[str, float]:
         "idle_high_ttft_p99_s": pct(base, 99),
     }
     for suffix, overrides in (("", {}), ("_yield_off", {"lower_priority_prefill_tokens": 0})):
-        overload, _ = simulate(workload, max_waiting_requests=512, **overrides)
+        overload, _ = simulate(workload, max_queued_requests=512, **overrides)
         high = [r.ttft or 0.0 for r in served(overload.records, is_high)]
         low = served(overload.records, lambda r: r.priority == 0)
         itl = [gap for r in low for gap in r.inter_token_latencies]
@@ -177,7 +178,7 @@ def shared_prefix(quick: bool) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, caching in (("on", True), ("off", False)):
         sim, makespan = simulate(
-            workload, enable_prefix_caching=caching, max_waiting_requests=10_000
+            workload, enable_prefix_caching=caching, max_queued_requests=10_000
         )
         stats = sim.scheduler.stats()
         done = served(sim.records, lambda r: True)
@@ -307,7 +308,7 @@ def overlap(quick: bool) -> dict[str, float]:
                 hop_s=HOP_S,
                 charge_scheduler=True,
                 async_scheduling=overlap_on,
-                max_waiting_requests=10_000,
+                max_queued_requests=10_000,
             )
             done = served(sim.records, lambda r: True)
             itl = [gap for r in done for gap in r.inter_token_latencies]

@@ -189,6 +189,7 @@ def run_workload(
             block_size=engine.block_size,
             max_model_len=engine.config.max_seq_len,
             max_num_seqs=max(n, 1),
+            async_scheduling=False,  # this loop runs one plan at a time
         )
     )
     for i, ids in enumerate(prompts):

@@ -1,4 +1,10 @@
-"""`tandem serve`: the whole pipeline on this machine — worker, scheduler and tokenizers."""
+"""`tandem serve`: the whole pipeline on this machine — worker, scheduler and tokenizers.
+
+Its settings are made of the processes' own (services/settings.py): every setting of the
+worker's engine and of the scheduler's policy is a flag here and a key of `--config FILE`. The
+launcher writes each process's settings to a file and starts it with `--config FILE`, so a
+process started by `tandem serve` reads its settings exactly as one started by hand.
+"""
 
 from __future__ import annotations
 
@@ -6,260 +12,167 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
-from typing import TYPE_CHECKING
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from engine import registry
-from services.cli_args import add_engine_args
+from services.scheduler.config import SchedulerProcessConfig, SchedulingPolicy
+from services.settings import flag, parse, write_file
+from services.telemetry.config import TelemetryConfig, TracingSettings
+from services.tokenizer.config import TokenizerConfig
+from services.worker.config import EngineSettings, ModelSettings, WorkerConfig
 
-if TYPE_CHECKING:
-    from services.launcher import ProcessSpec
+DESCRIPTION = (
+    "Start the pipeline locally: one worker, one scheduler and N tokenizers, supervised (a "
+    "crashed process is restarted) until Ctrl-C or SIGTERM. Every flag can also be a key of "
+    "--config FILE (YAML or JSON)."
+)
+
+
+@dataclass(frozen=True)
+class ServeTelemetry:
+    service_name_prefix: str = flag(
+        "tandem",
+        "service names are PREFIX-tokenizer, PREFIX-scheduler, PREFIX-worker",
+        env="OTEL_SERVICE_NAME",
+    )
+    tracing: TracingSettings = field(default_factory=TracingSettings)
+    metrics: bool = flag(True, "each process serves Prometheus /metrics on a free port")
+    metrics_host: str = flag("127.0.0.1", "address of the metrics endpoints")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: ModelSettings = field(default_factory=ModelSettings)
+    host: str = flag("127.0.0.1", "public address")
+    port: int = flag(50051, "public gRPC port")
+    tokenizers: int = flag(1, "tokenizer processes sharing the public port")
+    tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
+    transport: str = flag(
+        "shm", "hot path through shared memory (default) or gRPC", choices=("shm", "grpc")
+    )
+    arena_mb: int = flag(64, "each tokenizer's shared memory for prompts, in MiB")
+    scheduler_port: int = flag(0, "the scheduler's port (0: a free one)")
+    worker_port: int = flag(0, "the worker's port (0: a free one)")
+    ready_timeout: float = flag(300.0, "seconds each process may take to become healthy")
+    demo: str = flag("", "once serving, stream a reply to this chat prompt (what `make run` does)")
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+    telemetry: ServeTelemetry = field(default_factory=ServeTelemetry)
+
+    def __post_init__(self) -> None:
+        if self.tokenizers < 1:
+            raise ValueError("--tokenizers must be at least 1")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="start the tokenizer, scheduler and worker processes and serve the gRPC API",
-        description="Start the pipeline locally: one worker, one scheduler and N tokenizers, "
-        "supervised (a crashed process is restarted) until Ctrl-C or SIGTERM.",
+        add_help=False,  # the flags are ServeConfig's, parsed (and explained) by _serve
     )
-    p.add_argument(
-        "--model",
-        default=registry.DEFAULT_MODEL,
-        help=f"model name or path (default {registry.DEFAULT_MODEL})",
-    )
-    add_engine_args(p)
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decodes")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="the worker's CPU threads for batched steps and prefills (default: all cores; "
-        "small decode steps leave one core to the other processes)",
-    )
-    p.add_argument(
-        "--gpu-memory-fraction",
-        type=float,
-        default=0.9,
-        help="share of the GPU for weights, activations and KV cache (with --kv-cache-mb 0)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="public address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=50051, help="public port (default 50051)")
-    p.add_argument("--tokenizers", type=int, default=1, help="tokenizer processes (default 1)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="new tokens per step")
-    p.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=1024,
-        help="waiting requests beyond which new ones get RESOURCE_EXHAUSTED",
-    )
-    p.add_argument(
-        "--max-wait-us",
-        type=float,
-        default=0.0,
-        help="micro-batch window while the worker is idle (0: off)",
-    )
-    p.add_argument(
-        "--kv-cache-mb",
-        type=int,
-        default=1024,
-        help="KV cache memory in MiB (0 on CUDA: sized by --gpu-memory-fraction)",
-    )
-    p.add_argument(
-        "--transport",
-        choices=["shm", "grpc"],
-        default="shm",
-        help="hot path through shared memory (default) or gRPC",
-    )
-    p.add_argument("--scheduler-port", type=int, default=0, help="internal (0: any free port)")
-    p.add_argument("--worker-port", type=int, default=0, help="internal (0: any free port)")
-    p.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=300.0,
-        help="seconds each process may take to become healthy",
-    )
-    _add_telemetry_arguments(p)
-    p.add_argument(
-        "--demo",
-        metavar="PROMPT",
-        help="once serving, stream a reply to this chat prompt (what `make run` does)",
-    )
-    p.set_defaults(func=_serve)
+    p.set_defaults(func=_serve, forwards=True)
 
 
-def _add_telemetry_arguments(p: argparse.ArgumentParser) -> None:
-    from services.telemetry.config import PROTOCOLS, SAMPLERS
-
-    g = p.add_argument_group(
-        "observability",
-        "Unset tracing flags leave each process to read the standard OTEL_* variables itself.",
-    )
-    g.add_argument(
-        "--otlp-endpoint",
-        help="send traces over OTLP here, e.g. http://localhost:4317 "
-        "(default $OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)",
-    )
-    g.add_argument("--otlp-protocol", choices=PROTOCOLS, help="default grpc")
-    g.add_argument("--trace-sampler", choices=SAMPLERS, help="default parentbased_always_on")
-    g.add_argument("--trace-sampler-arg", type=float, help="ratio of the traceidratio samplers")
-    g.add_argument(
-        "--service-name-prefix",
-        help="service names are PREFIX-tokenizer, PREFIX-scheduler, PREFIX-worker "
-        "(default $OTEL_SERVICE_NAME, or tandem)",
-    )
-    g.add_argument(
-        "--no-metrics",
-        action="store_true",
-        help="no Prometheus endpoints (by default each process serves /metrics on a free port)",
-    )
-    g.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoints")
-
-
-def _telemetry_args(args: argparse.Namespace, role: str, metrics_port: int) -> list[str]:
-    out = ["--service-name", f"{args.service_name_prefix}-{role}"]
-    for flag, value in (
-        ("--otlp-endpoint", args.otlp_endpoint),
-        ("--otlp-protocol", args.otlp_protocol),
-        ("--trace-sampler", args.trace_sampler),
-        ("--trace-sampler-arg", args.trace_sampler_arg),
-    ):
-        if value is not None:
-            out += [flag, str(value)]
-    if metrics_port:
-        out += ["--metrics-port", str(metrics_port), "--metrics-host", args.metrics_host]
-    return out
-
-
-def _metrics_url(args: argparse.Namespace, port: int) -> str:
-    return f"http://{args.metrics_host}:{port}/metrics" if port else ""
-
-
-def _specs(args: argparse.Namespace) -> list[ProcessSpec]:
-    from services.launcher import ProcessSpec, free_port
-
-    def metrics_port() -> int:
-        return 0 if args.no_metrics else free_port(args.metrics_host)
-
-    worker_port = args.worker_port or free_port()
-    scheduler_port = args.scheduler_port or free_port()
-    common = ["--model", args.model, "--home", str(args.home)]
-    worker_metrics, scheduler_metrics = metrics_port(), metrics_port()
-    specs = [
-        ProcessSpec(
-            "worker",
-            "services.worker",
-            [
-                *common,
-                "--port",
-                str(worker_port),
-                "--device",
-                args.device,
-                "--dtype",
-                args.dtype,
-                "--quantize",
-                args.quantize,
-                "--kv-cache-mb",
-                str(args.kv_cache_mb),
-                "--max-num-seqs",
-                str(args.max_num_seqs),
-                "--gpu-memory-fraction",
-                str(args.gpu_memory_fraction),
-                *(["--enforce-eager"] if args.enforce_eager else []),
-                *(["--threads", str(args.threads)] if args.threads else []),
-                *_telemetry_args(args, "worker", worker_metrics),
-            ],
-            f"127.0.0.1:{worker_port}",
-            stop_grace_s=10.0,
-            metrics_url=_metrics_url(args, worker_metrics),
-        ),
-        ProcessSpec(
-            "scheduler",
-            "services.scheduler",
-            [
-                "--port",
-                str(scheduler_port),
-                "--worker",
-                f"127.0.0.1:{worker_port}",
-                "--transport",
-                args.transport,
-                "--max-num-seqs",
-                str(args.max_num_seqs),
-                "--max-num-batched-tokens",
-                str(args.max_num_batched_tokens),
-                "--max-queued-requests",
-                str(args.max_queued_requests),
-                "--max-wait-us",
-                str(args.max_wait_us),
-                *_telemetry_args(args, "scheduler", scheduler_metrics),
-            ],
-            f"127.0.0.1:{scheduler_port}",
-            stop_grace_s=10.0,
-            metrics_url=_metrics_url(args, scheduler_metrics),
-        ),
-    ]
-    for i in range(1, args.tokenizers + 1):
-        admin = free_port()
-        tokenizer_metrics = metrics_port()
-        specs.append(
-            ProcessSpec(
-                f"tokenizer-{i}",
-                "services.tokenizer",
-                [
-                    *common,
-                    "--host",
-                    args.host,
-                    "--port",
-                    str(args.port),
-                    "--admin-port",
-                    str(admin),
-                    "--scheduler",
-                    f"127.0.0.1:{scheduler_port}",
-                    "--transport",
-                    args.transport,
-                    *_telemetry_args(args, "tokenizer", tokenizer_metrics),
-                ],
-                f"127.0.0.1:{admin}",
-                stop_grace_s=15.0,
-                metrics_url=_metrics_url(args, tokenizer_metrics),
-            )
-        )
-    return specs
+def parse_serve(argv: list[str]) -> ServeConfig:
+    return parse(ServeConfig, argv, os.environ, prog="tandem serve", description=DESCRIPTION)
 
 
 def _serve(args: argparse.Namespace) -> int:
     # The launcher forks its children while gRPC (health checks) runs in it: skip grpc's fork
     # handlers, which the children never need (they exec a fresh interpreter).
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    from services.server import run, setup_logging
+    from engine import registry
+    from services.process import run, setup_logging
 
-    if args.tokenizers < 1:
-        print("tandem serve: error: --tokenizers must be at least 1", file=sys.stderr)
+    try:
+        # The global `tandem --home` first: a --home of serve's own comes later and wins.
+        config = parse_serve(["--home", str(args.home), *args.argv])
+    except ValueError as err:
+        print(f"tandem serve: error: {err}", file=sys.stderr)
         return 2
-    # Read here, the launcher's edge: its children are given names, not this variable.
-    args.service_name_prefix = (
-        args.service_name_prefix or os.environ.get("OTEL_SERVICE_NAME") or "tandem"
-    )
-    if args.trace_sampler_arg is not None and not 0.0 <= args.trace_sampler_arg <= 1.0:
-        print("tandem serve: error: --trace-sampler-arg must be in [0, 1]", file=sys.stderr)
-        return 2
-    registry.resolve(args.model, args.home)  # fetch a named model once, before any process starts
+    # Fetch a named model once, before any process starts.
+    registry.resolve(config.model.model, Path(config.model.home).expanduser())
     setup_logging("launcher")
-    return run(lambda: _supervise(args))
+    return run(lambda: _supervise(config))
 
 
-async def _supervise(args: argparse.Namespace) -> int:
-    from services.launcher import LaunchFailed, Supervisor, child_env
+def child_configs(
+    config: ServeConfig, port: Callable[[], int]
+) -> tuple[WorkerConfig, SchedulerProcessConfig, list[TokenizerConfig]]:
+    """What the launcher hands each process: the serve settings each one needs, internal ports
+    on loopback (`port()` gives a free one)."""
+    t = config.telemetry
+
+    def telemetry(role: str) -> TelemetryConfig:
+        return TelemetryConfig(
+            service_name=f"{t.service_name_prefix}-{role}",
+            tracing=t.tracing,
+            metrics_port=port() if t.metrics else 0,
+            metrics_host=t.metrics_host,
+        )
+
+    worker = WorkerConfig(
+        model=config.model,
+        port=config.worker_port or port(),
+        max_num_seqs=config.policy.max_num_seqs,
+        engine=config.engine,
+        telemetry=telemetry("worker"),
+    )
+    scheduler = SchedulerProcessConfig(
+        port=config.scheduler_port or port(),
+        worker=worker.address,
+        transport=config.transport,
+        policy=config.policy,
+        telemetry=telemetry("scheduler"),
+    )
+    tokenizers = [
+        TokenizerConfig(
+            model=config.model,
+            tokenizer=config.tokenizer,
+            host=config.host,
+            port=config.port,
+            admin_port=port(),
+            scheduler=scheduler.address,
+            transport=config.transport,
+            arena_mb=config.arena_mb,
+            telemetry=telemetry("tokenizer"),
+        )
+        for _ in range(config.tokenizers)
+    ]
+    return worker, scheduler, tokenizers
+
+
+async def _supervise(config: ServeConfig) -> int:
+    from services.launcher import LaunchFailed, ProcessSpec, Supervisor, child_env, free_port
 
     log = logging.getLogger("tandem.launcher")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    specs = _specs(args)
-    supervisor = Supervisor(specs, child_env(), args.ready_timeout)
+    run_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
+    worker, scheduler, tokenizers = child_configs(config, free_port)
+
+    def spec(name: str, module: str, child: object, health: str, grace: float) -> ProcessSpec:
+        path = write_file(child, run_dir / f"{name}.json")
+        t: TelemetryConfig = child.telemetry  # type: ignore[attr-defined]
+        url = f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else ""
+        return ProcessSpec(name, module, ["--config", str(path)], health, grace, url)
+
+    specs = [
+        spec("worker", "services.worker", worker, worker.address, 10.0),
+        spec("scheduler", "services.scheduler", scheduler, scheduler.address, 10.0),
+        *(
+            spec(f"tokenizer-{i}", "services.tokenizer", t, f"127.0.0.1:{t.admin_port}", 15.0)
+            for i, t in enumerate(tokenizers, 1)
+        ),
+    ]
+    supervisor = Supervisor(specs, child_env(), config.ready_timeout)
     try:
         starting = asyncio.create_task(supervisor.start_all())
         stopped = asyncio.create_task(stop.wait())
@@ -268,18 +181,18 @@ async def _supervise(args: argparse.Namespace) -> int:
             starting.cancel()
             return 130
         starting.result()
-        for spec in specs:
-            if spec.metrics_url:
-                log.info("%s metrics at %s", spec.name, spec.metrics_url)
-                print(f"metrics {spec.name} {spec.metrics_url}", flush=True)
-        address = f"{args.host}:{args.port}"
+        for s in specs:
+            if s.metrics_url:
+                log.info("%s metrics at %s", s.name, s.metrics_url)
+                print(f"metrics {s.name} {s.metrics_url}", flush=True)
+        address = f"{config.host}:{config.port}"
         print(
-            f"tandem serving {args.model} at {address} "
-            f"({args.tokenizers} tokenizer(s), device {args.device})",
+            f"tandem serving {config.model.model} at {address} "
+            f"({config.tokenizers} tokenizer(s), device {config.engine.device})",
             flush=True,
         )
-        if args.demo:
-            await _demo(address, args.demo)
+        if config.demo:
+            await _demo(address, config.demo)
         await stop.wait()
         log.info("shutting down")
         return 0
@@ -288,6 +201,7 @@ async def _supervise(args: argparse.Namespace) -> int:
         return 1
     finally:
         await supervisor.stop_all()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 async def _demo(address: str, prompt: str) -> None:

@@ -163,14 +163,54 @@ def test_console_script_help_explains_commands() -> None:
         assert command in done.stdout
 
 
-@pytest.mark.parametrize(("argv", "expected"), [([], None), (["--threads", "3"], "3")])
-def test_serve_passes_threads_to_the_worker_only_when_given(
-    argv: list[str], expected: str | None
-) -> None:
-    from services.cli import build_parser
-    from services.cli_serve import _specs
+def test_every_setting_of_every_process_is_a_flag_of_serve() -> None:
+    from services.cli_serve import ServeConfig
+    from services.scheduler.config import SchedulerProcessConfig
+    from services.settings import flags_of
+    from services.tokenizer.config import TokenizerConfig
+    from services.worker.config import WorkerConfig
 
-    args = build_parser().parse_args(["serve", "--no-metrics", *argv])
-    worker = next(spec for spec in _specs(args) if spec.name == "worker")
-    given = worker.args[worker.args.index("--threads") + 1] if "--threads" in worker.args else None
-    assert given == expected
+    serve = set(flags_of(ServeConfig))
+    # What the launcher decides for each process rather than the user: addresses, names, ports.
+    decided = {"host", "port", "admin_port", "worker", "scheduler", "service_name"}
+    decided |= {"metrics_port", "otlp_traces_endpoint"} - serve
+    for process in (WorkerConfig, SchedulerProcessConfig, TokenizerConfig):
+        missing = set(flags_of(process)) - serve - decided
+        assert not missing, f"{process.__name__}: {sorted(missing)} cannot be set by tandem serve"
+
+
+def test_serve_settings_reach_each_process_through_its_config_file(tmp_path: Path) -> None:
+    from itertools import count
+
+    from services.cli_serve import child_configs, parse_serve
+    from services.process import settings_of
+    from services.scheduler.config import SchedulerProcessConfig
+    from services.settings import write_file
+    from services.tokenizer.config import TokenizerConfig
+    from services.worker.config import WorkerConfig
+
+    file = tmp_path / "serve.yaml"
+    file.write_text("engine:\n  threads: 3\npolicy:\n  aging-per-s: 0.5\ntokenizers: 2\n")
+    serve = parse_serve(["--config", str(file), "--no-enable-prefix-caching", "--threads", "1"])
+    assert serve.engine.threads == 1  # the command line wins over the file
+    assert serve.policy.aging_per_s == 0.5 and not serve.policy.enable_prefix_caching
+    ports = count(40000)
+    worker, scheduler, tokenizers = child_configs(serve, lambda: next(ports))
+    assert len(tokenizers) == 2 and worker.engine.threads == 1
+    assert scheduler.policy == serve.policy and scheduler.worker == worker.address
+    for role, child in (("worker", worker), ("scheduler", scheduler), ("tokenizer", tokenizers[1])):
+        kind = type(child)
+        assert kind in (WorkerConfig, SchedulerProcessConfig, TokenizerConfig)
+        path = write_file(child, tmp_path / f"{role}.json")
+        assert settings_of(role, kind, ["--config", str(path)], env={}) == child
+
+
+def test_a_bad_setting_is_named(tmp_path: Path) -> None:
+    from services.cli_serve import parse_serve
+
+    file = tmp_path / "serve.json"
+    file.write_text('{"max-num-seqs": 8, "no-such-setting": 1}')
+    with pytest.raises(ValueError, match="unknown settings no_such_setting"):
+        parse_serve(["--config", str(file)])
+    with pytest.raises(ValueError, match="tokenizers"):
+        parse_serve(["--tokenizers", "0"])

@@ -1,77 +1,81 @@
-"""The scheduler's one configuration object, validated once when it is built."""
+"""The scheduler's settings: its policy (flags of `tandem serve` and the scheduler process), and
+the policy joined with the KV pool the worker reports, which the core is built from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from services.settings import flag
+from services.telemetry.config import TelemetryConfig
+
+
+def _s(default: object, help: str) -> object:
+    return flag(default, help)
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    # KV pool, as the worker reports it at start: the scheduler keeps the accounts only.
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-
+class SchedulingPolicy:
     # Continuous batching: per step, at most this many sequences and this many new tokens.
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = flag(256, "sequences per step")
+    max_num_batched_tokens: int = flag(2048, "new tokens per step")
 
     # Chunked prefill. A prefill with more tokens left than the threshold is "long": it gets at
     # most `long_prefill_token_threshold` tokens per step, and at most `max_long_prefills` long
     # prefills run at once, so one huge prompt cannot hold the whole batch.
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 512
-    max_long_prefills: int = 1
+    enable_chunked_prefill: bool = flag(True, "split long prompts over steps")
+    long_prefill_token_threshold: int = flag(512, "a prompt past this is long")
+    max_long_prefills: int = flag(1, "long prompts prefilled at once")
 
     # A step that prefills a request of priority P adds no prefill tokens of lower priority, and
     # that prefill is not charged for the lower-priority decodes in the step: the high-priority
     # prompt's step is about as long as on an idle system (decodes still run every step).
-    isolate_priority_prefill: bool = True
+    isolate_priority_prefill: bool = flag(True, "a prefill's step takes no lower-priority prefill")
 
     # While requests of some priority P keep arriving (one in the last `priority_horizon_s`),
     # prefill chunks of lower priorities get at most `lower_priority_prefill_tokens` per step in
     # all: steps carrying only lower-priority work stay short, so a P request arriving waits
     # little for the step already running (a step cannot be taken back once sent), while its
     # own prefill keeps the whole budget. 0 turns this off.
-    lower_priority_prefill_tokens: int = 192
-    priority_horizon_s: float = 10.0
+    lower_priority_prefill_tokens: int = flag(192, "lower-priority prefill tokens a step (0: off)")
+    priority_horizon_s: float = flag(10.0, "how long a priority counts as arriving")
 
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = flag(True, "reuse the KV of shared prompt prefixes")
     # Finished turns of a conversation (`session_id`) keep their blocks pinned for the next turn,
     # up to this share of the pool; pins are released least-recently-used under memory pressure.
-    session_kv_fraction: float = 0.25
+    session_kv_fraction: float = flag(0.25, "share of the KV pool sessions may pin")
 
     # Backpressure: a submission beyond either bound is refused at once.
-    max_waiting_requests: int = 1024
-    max_waiting_tokens: int = 1 << 22
+    max_queued_requests: int = flag(
+        1024, "waiting requests beyond which new ones get RESOURCE_EXHAUSTED"
+    )
+    max_queued_tokens: int = flag(
+        1 << 22, "waiting prompt tokens beyond which new ones are refused"
+    )
 
     # Aging: a waiting request gains this many priority levels per second of waiting, so the
     # worst-case wait of low priority under sustained high-priority load is bounded (by about
     # one level per 20 s by default). Keep 1 / aging_per_s above the queue wait that overload
-    # causes (max_waiting_requests / throughput), or aged requests outrank every newcomer.
-    aging_per_s: float = 0.05
+    # causes (max_queued_requests / throughput), or aged requests outrank every newcomer.
+    aging_per_s: float = flag(0.05, "priority levels a waiting request gains per second")
 
     # Micro-batch window (Triton's max_queue_delay): with the worker idle and fewer than
     # `window_max_seqs` requests waiting, admission may wait up to `max_wait_us` for more.
-    max_wait_us: float = 0.0
-    window_max_seqs: int = 4
+    max_wait_us: float = flag(0.0, "micro-batch window while the worker is idle (0: off)")
+    window_max_seqs: int = flag(4, "the window closes once this many wait")
 
     # Async scheduling (overlap): `schedule()` may build step N+1 while step N runs, so the hop
     # and the scheduler's own time hide behind the worker's compute. The worker must then
-    # fill each PLACEHOLDER token with its own last sample (see plan.py).
-    async_scheduling: bool = False
+    # fill each PLACEHOLDER token with its own last sample (see services/protocol.py).
+    async_scheduling: bool = flag(True, "plan the next step while the worker runs this one")
 
     def __post_init__(self) -> None:
         positive = {
-            "num_kv_blocks": self.num_kv_blocks,
-            "block_size": self.block_size,
-            "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "long_prefill_token_threshold": self.long_prefill_token_threshold,
             "max_long_prefills": self.max_long_prefills,
-            "max_waiting_requests": self.max_waiting_requests,
-            "max_waiting_tokens": self.max_waiting_tokens,
+            "max_queued_requests": self.max_queued_requests,
+            "max_queued_tokens": self.max_queued_tokens,
             "window_max_seqs": self.window_max_seqs,
         }
         for name, value in positive.items():
@@ -92,6 +96,27 @@ class SchedulerConfig:
             raise ValueError(
                 f"session_kv_fraction must be in [0, 1], got {self.session_kv_fraction}"
             )
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_us * 1e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig(SchedulingPolicy):
+    """The policy and the KV pool as the worker reports it at start (the scheduler keeps the
+    accounts only)."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("num_kv_blocks", "block_size", "max_model_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             # Without chunking a prompt must go in one step, so the budget must hold the longest.
             raise ValueError(
@@ -100,9 +125,33 @@ class SchedulerConfig:
             )
 
     @property
-    def max_wait_s(self) -> float:
-        return self.max_wait_us * 1e-6
-
-    @property
     def kv_capacity_tokens(self) -> int:
         return self.num_kv_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class SchedulerProcessConfig:
+    host: str = flag("127.0.0.1", "address to bind")
+    port: int = flag(50052, "gRPC port")
+    worker: str = flag("127.0.0.1:50053", "the worker's address")
+    transport: str = flag(
+        "shm",
+        "hot path through shared memory (same host) or gRPC (across hosts)",
+        choices=("shm", "grpc"),
+    )
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def scheduler_config(
+        self, num_kv_blocks: int, block_size: int, max_model_len: int
+    ) -> SchedulerConfig:
+        return SchedulerConfig(
+            **vars(self.policy),
+            num_kv_blocks=num_kv_blocks,
+            block_size=block_size,
+            max_model_len=max_model_len,
+        )

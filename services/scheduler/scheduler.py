@@ -51,9 +51,9 @@ class Scheduler(SchedulerState):
             raise InvalidRequest("seq_id", f"{request.seq_id} is already in flight")
         admission.validate(request, self.config)
         cfg, waiting = self.config, self.waiting
-        if waiting.count >= cfg.max_waiting_requests:
+        if waiting.count >= cfg.max_queued_requests:
             raise QueueFull(f"{waiting.count} requests already waiting")
-        if waiting.num_tokens + len(request.prompt_token_ids) > cfg.max_waiting_tokens:
+        if waiting.num_tokens + len(request.prompt_token_ids) > cfg.max_queued_tokens:
             raise QueueFull(f"{waiting.num_tokens} prompt tokens already waiting")
         now = self.clock()
         arrival = now if request.arrival_time is None else request.arrival_time

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
-from services.telemetry.config import TelemetryConfig
+from services.telemetry.config import TelemetryConfig, TracingSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def make_sampler(name: str, ratio: float) -> Sampler:
     raise ValueError(f"unknown trace sampler {name!r}")
 
 
-def make_exporter(config: TelemetryConfig) -> SpanExporter:
+def make_exporter(config: TracingSettings) -> SpanExporter:
     endpoint = config.traces_endpoint
     if config.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -93,7 +93,8 @@ class Tracing:
     @classmethod
     def start(cls, config: TelemetryConfig, exporter: SpanExporter | None = None) -> Tracing:
         """Tracing as configured; `exporter` replaces the OTLP one (tests)."""
-        if not config.tracing and exporter is None:
+        settings = config.tracing
+        if not settings.enabled and exporter is None:
             return cls.off()
         resource = Resource.create(
             {
@@ -104,17 +105,17 @@ class Tracing:
             }
         )
         provider = TracerProvider(
-            sampler=make_sampler(config.sampler, config.sampler_arg),
+            sampler=make_sampler(settings.trace_sampler, settings.trace_sampler_arg),
             resource=resource,
             span_limits=SpanLimits(max_links=MAX_LINKS),
         )
-        provider.add_span_processor(BatchSpanProcessor(exporter or make_exporter(config)))
+        provider.add_span_processor(BatchSpanProcessor(exporter or make_exporter(settings)))
         log.info(
             "tracing to %s over %s as %s (sampler %s)",
-            config.traces_endpoint,
-            config.otlp_protocol,
+            settings.traces_endpoint,
+            settings.otlp_protocol,
             config.service_name,
-            config.sampler,
+            settings.trace_sampler,
         )
         from opentelemetry.instrumentation.grpc import (
             aio_client_interceptors,

@@ -15,14 +15,13 @@ from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
 from services.telemetry.generate_trace import GenerateCall, GenerateTelemetry
-from services.tokenizer.events import EventRouter
 from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
+from services.tokenizer.scheduler_link import SchedulerLink
 from services.tokenizer.stream import TextStream
 from shm.arena import Arena
 from shm.errors import ArenaFull
 from shm.handle import Handle
 from tandem.internal.v1 import scheduler_pb2 as spb
-from tandem.internal.v1 import scheduler_pb2_grpc
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 
@@ -40,22 +39,20 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self,
         tokenizer: Tokenizer,
         model_name: str,
-        stub: scheduler_pb2_grpc.SchedulerStub,
-        router: EventRouter,
+        link: SchedulerLink,
         arena: Arena | None,
         telemetry: GenerateTelemetry,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.stub = stub
-        self.router = router
+        self.link = link
         self.arena = arena
         self.telemetry = telemetry
         self._background: set[asyncio.Task[None]] = set()
 
     @property
     def max_seq_len(self) -> int:
-        model = self.router.model
+        model = self.link.model
         return model.max_seq_len if model is not None else 0
 
     async def Generate(
@@ -76,7 +73,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def _generate(
         self, request: pb.GenerateRequest, context: aio.ServicerContext, call: GenerateCall
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
-        if not self.router.attached.is_set():
+        if not self.link.attached.is_set():
             raise Unavailable("the scheduler is (re)starting; try again shortly")
         spec = parse_generate(request, self.model_name, self.tokenizer.vocab_size, self.max_seq_len)
         call.on_request(
@@ -89,9 +86,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             priority=spec.priority,
             session_id=spec.session_id,
         )
-        limit = self.router.max_queued_requests
-        if limit and self.router.waiting >= limit:
-            raise ResourceExhausted(f"{self.router.waiting} requests are already waiting")
+        limit = self.link.max_queued_requests
+        if limit and self.link.waiting >= limit:
+            raise ResourceExhausted(f"{self.link.waiting} requests are already waiting")
         with call.phase("tokenize"):
             prompt_ids = await self._tokenize(spec)
         max_tokens = self._max_tokens(spec, len(prompt_ids))
@@ -99,7 +96,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
         )
         handle = self._store(prompt_ids)
-        queue = self.router.open(spec.request_id, handle)
+        queue = self.link.open(spec.request_id, handle)
         submitted = finished = False
         try:
             await self._submit(spec, prompt_ids, handle, max_tokens, stop_ids, context, call)
@@ -128,7 +125,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 finished = False  # the scheduler is still generating: cancel it below
         finally:
             if submitted:
-                self.router.close(spec.request_id)
+                self.link.close(spec.request_id)
                 remaining = context.time_remaining()
                 expired = remaining is not None and remaining < _DEADLINE_SLACK_S
                 if not finished and not expired:
@@ -139,7 +136,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
             else:
-                self.router.abandon(spec.request_id)
+                self.link.abandon(spec.request_id)
 
     async def _tokenize(self, spec: GenerateSpec) -> list[int]:
         if spec.prompt_ids is not None:
@@ -202,7 +199,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         remaining = context.time_remaining()
         submit = spb.SubmitRequest(
             request_id=spec.request_id,
-            tokenizer_id=self.router.tokenizer_id,
+            tokenizer_id=self.link.tokenizer_id,
             prompt_len=len(prompt_ids),
             sampling=sampling_to_pb(spec.sampling),
             max_tokens=max_tokens,
@@ -218,13 +215,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             submit.prompt_ids.ids.extend(prompt_ids)
         try:
             with call.active():  # the client interceptor puts the trace in the call's metadata
-                await self.stub.Submit(submit)
+                await self.link.stub.Submit(submit)
         except aio.AioRpcError as err:
             raise ServiceError(err.details() or err.code().name, code=err.code()) from None
 
     async def _cancel(self, request_id: str) -> None:
         try:
-            await self.stub.Cancel(spb.CancelRequest(request_id=request_id))
+            await self.link.stub.Cancel(spb.CancelRequest(request_id=request_id))
         except aio.AioRpcError as err:
             log.warning("cancelling %s: %s", request_id, err.code().name)
 
@@ -253,7 +250,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def ListModels(
         self, request: pb.ListModelsRequest, context: aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        model = self.router.model
+        model = self.link.model
         if model is None:
             raise Unavailable("the scheduler is (re)starting")
         return pb.ListModelsResponse(

@@ -1,42 +1,86 @@
-"""The worker's configuration, built once from flags in its __main__."""
+"""The worker's settings: where the model runs and how (shared with `tandem run` and serve)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+
+from engine import registry
+from services.settings import flag
+from services.telemetry.config import TelemetryConfig
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZE = ("auto", "int4", "int8", "none")
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
-    model_path: Path
-    model_name: str
-    host: str = "127.0.0.1"
-    port: int = 50053
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_cache_bytes: int = 1 << 30  # 0 on CUDA: what the weights leave of gpu_memory_fraction
-    block_size: int = 16
-    quantize: str = "auto"
-    max_num_seqs: int = 256  # sizes the CUDA graphs and attention buffers
-    cuda_graphs: bool = True
-    gpu_memory_fraction: float = 0.9
-    threads: int = 1  # intra-op threads on CPU
+class ModelSettings:
+    model: str = flag(
+        registry.DEFAULT_MODEL, "model name (`tandem models list`) or path", env="TANDEM_MODEL"
+    )
+    home: str = flag("~/.cache/tandem", "where model files are cached", env="TANDEM_HOME")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    device: str = flag("cpu", "cpu or cuda")
+    dtype: str = flag(
+        "auto",
+        "activations and dequantized weights (auto: float32 on CPU, bfloat16 on CUDA)",
+        choices=DTYPES,
+    )
+    quantize: str = flag(
+        "auto",
+        "auto: the fastest measured choice (bench/RESULTS-cpu.md, RESULTS-gpu.md): on CPU a "
+        "GGUF's Q4_0/Q4_1/Q8_0 codes through tandem's native int8 kernels where they build, "
+        "else int4; int4 (CPU): the codes through torch's int4 kernel, bf16 activations; "
+        "int8: weight-only int8, per-channel scales; none: dequantized weights in --dtype",
+        choices=QUANTIZE,
+    )
+    kv_cache_mb: int = flag(
+        1024, "KV cache memory in MiB (0 on CUDA: what the weights leave of --gpu-memory-fraction)"
+    )
+    block_size: int = flag(16, "tokens per KV block")
+    enforce_eager: bool = flag(False, "no CUDA graphs for decodes")
+    threads: int = flag(
+        0,
+        "CPU threads for batched steps and prefills (0: all cores; small decode steps leave "
+        "one core to the other processes)",
+    )
+    gpu_memory_fraction: float = flag(0.9, "share of the GPU for weights, activations and KV cache")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65536), got {self.port}")
-        if self.kv_cache_bytes < 0:
-            raise ValueError("kv_cache_bytes must be >= 0")
+        if self.kv_cache_mb < 0:
+            raise ValueError("kv_cache_mb must be >= 0")
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be positive")
-        if self.threads < 1:
-            raise ValueError("threads must be positive")
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: ModelSettings = field(default_factory=ModelSettings)
+    host: str = flag("127.0.0.1", "address to bind")
+    port: int = flag(50053, "gRPC port")
+    max_num_seqs: int = flag(256, "the largest batch (sizes CUDA graphs and buffers)")
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be positive")
 
     @property
     def address(self) -> str:

@@ -57,7 +57,7 @@ def test_duplicate_seq_id_is_refused() -> None:
 
 
 def test_backpressure_bounds_the_waiting_count() -> None:
-    rig = create_rig(max_waiting_requests=3)
+    rig = create_rig(max_queued_requests=3)
     rig.add(*create_requests(3))
     with pytest.raises(QueueFull):
         rig.scheduler.add_request(create_requests(1, id_prefix="late")[0])
@@ -67,7 +67,7 @@ def test_backpressure_bounds_the_waiting_count() -> None:
 
 
 def test_backpressure_bounds_the_waiting_tokens() -> None:
-    sched = create_scheduler(max_waiting_tokens=20)
+    sched = create_scheduler(max_queued_tokens=20)
     sched.add_request(create_requests(1, prompt_len=12, id_prefix="a")[0])
     with pytest.raises(QueueFull, match="prompt tokens"):
         sched.add_request(create_requests(1, prompt_len=9, id_prefix="b")[0])

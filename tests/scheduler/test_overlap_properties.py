@@ -62,7 +62,7 @@ class OverlapMachine(BooksMachine):
             isolate_priority_prefill=isolate,
             lower_priority_prefill_tokens=yield_tokens,
             priority_horizon_s=0.1,
-            max_waiting_requests=6,
+            max_queued_requests=6,
             aging_per_s=2.0,
             session_kv_fraction=0.3,
             async_scheduling=True,

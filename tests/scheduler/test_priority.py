@@ -160,7 +160,7 @@ def test_yielding_off_gives_lower_priority_the_budget() -> None:
 def run_low_under_high_load(aging_per_s: float) -> tuple[float, list[tuple[float, float]]]:
     """One low-priority request among a sustained, growing backlog of high-priority ones.
     Returns the low one's arrival and admission, and (arrival, admission) of every high one."""
-    sim = create_simulation(max_num_seqs=1, aging_per_s=aging_per_s, max_waiting_requests=4096)
+    sim = create_simulation(max_num_seqs=1, aging_per_s=aging_per_s, max_queued_requests=4096)
     for i, request in enumerate(create_requests(150, id_prefix="h", priority=1, max_tokens=4)):
         sim.submit(request, at=i * 0.01)
     sim.submit(Request(sid("low"), [1, 2, 3], 4), at=0.0015)

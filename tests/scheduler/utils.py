@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "max_num_batched_tokens": 64,
     "long_prefill_token_threshold": 32,
     "aging_per_s": 0.0,
+    "async_scheduling": False,  # one plan in flight, unless a test asks for two
 }
 
 MODEL = default_model()

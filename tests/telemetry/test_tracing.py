@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.telemetry.config import SAMPLERS, TelemetryConfig
+from services.telemetry.config import SAMPLERS, TelemetryConfig, TracingSettings
 from services.telemetry.propagation import (
     EpochClock,
     context_from_metadata,
@@ -43,7 +43,10 @@ def test_always_off_records_nothing() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    tracing = Tracing.start(TelemetryConfig(service_name="t", sampler="always_off"), exporter)
+    tracing = Tracing.start(
+        TelemetryConfig(service_name="t", tracing=TracingSettings(trace_sampler="always_off")),
+        exporter,
+    )
     span = tracing.tracer.start_span("dropped")
     assert not span.is_recording()
     span.end()

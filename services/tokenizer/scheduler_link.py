@@ -1,4 +1,5 @@
-"""Token events from the scheduler, fanned out to the requests of this tokenizer process.
+"""The tokenizer's link to its scheduler: attach, submit and cancel, and the token events it sends
+back, fanned out to the requests of this tokenizer process.
 
 The scheduler sends one `EventBatch` per step on this process's ring (or over a gRPC stream);
 each request's `Generate` call awaits its own queue. A request's prompt region in the arena is
@@ -29,7 +30,7 @@ SCHEDULER_GONE = "UNAVAILABLE: the scheduler went away; the request was lost"
 _REATTACH_BACKOFF_S = 1.0
 
 
-class EventRouter:
+class SchedulerLink:
     def __init__(
         self, stub: scheduler_pb2_grpc.SchedulerStub, tokenizer_id: str, arena: Arena | None
     ) -> None:

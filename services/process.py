@@ -1,0 +1,214 @@
+"""What every process is: settings read at its edge, then one lifecycle around what it serves.
+
+main(role, Config, serve)   logging, settings from flags / --config / environment, exit 2
+                            naming a bad setting, then the event loop (uvloop)
+run_service(...)            reap what crashed processes left in /dev/shm, start tracing and
+                            metrics, build the service, serve gRPC with health and reflection
+                            (NOT_SERVING until the service has started), wait for SIGINT or
+                            SIGTERM, go NOT_SERVING, stop the server within the service's
+                            grace, stop the service, stop metrics, flush traces
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from engine.errors import EngineError
+from services.interceptors import ErrorInterceptor
+from services.settings import parse
+from services.telemetry.config import TelemetryConfig
+from services.telemetry.metrics_server import MetricsServer
+from services.telemetry.tracing import Tracing
+from shm.reaper import reap
+
+log = logging.getLogger("tandem.process")
+C = TypeVar("C")
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+@dataclass
+class RunningServer:
+    server: aio.Server
+    health: HealthServicer
+    port: int
+    service_names: Sequence[str]
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_server(
+    address: str,
+    register: Callable[[aio.Server], None],
+    service_names: Sequence[str],
+    *,
+    serving: bool = True,
+    reuse_port: bool = False,
+    admin_address: str | None = None,
+    interceptors: Sequence[aio.ServerInterceptor] = (),
+) -> RunningServer:
+    """Start a server on `address` ("host:port", port 0 picks one) with health and reflection.
+
+    `interceptors` run outside the error interceptor (tracing sees the status it sets)."""
+    server = aio.server(
+        interceptors=[*interceptors, ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ],
+    )
+    register(server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    names = [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    # A port of this process alone, for health checks when several processes share `address`.
+    if admin_address and server.add_insecure_port(admin_address) == 0:
+        raise OSError(f"could not bind {admin_address}")
+    await server.start()
+    running = RunningServer(server, health, port, service_names)
+    await running.set_serving(serving)
+    return running
+
+
+def stop_event_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: the process's cue to drain and stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def setup_logging(process: str, level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format=f"%(asctime)s {process}[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run a process's async main on uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    return uvloop.run(main())
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Service:
+    """What a process serves, as its builder made it: the lifecycle does the rest."""
+
+    register: Callable[[aio.Server], None]  # adds the process's servicer(s) to a server
+    service_names: Sequence[str]
+    metrics: CollectorRegistry
+    start: Callable[[], Awaitable[None]] = _nothing  # before SERVING: attach to peers
+    stop: Callable[[], Awaitable[None]] = _nothing  # after the server stopped: close, unlink
+    grace_s: float = 5.0  # in-flight calls may finish within this after the stop signal
+    reuse_port: bool = False  # several processes share the address (tokenizers)
+    admin_address: str | None = None
+    interceptors: Sequence[aio.ServerInterceptor] = field(default_factory=tuple)
+
+
+async def run_service(
+    role: str,
+    address: str,
+    telemetry: TelemetryConfig,
+    build: Callable[[Tracing], Awaitable[Service]],
+) -> int:
+    stop = stop_event_on_signals()
+    reap()  # what crashed processes left in a shared /dev/shm (e.g. across containers)
+    tracing = Tracing.start(telemetry)
+    service = await build(tracing)
+    metrics = MetricsServer.start(telemetry.metrics_host, telemetry.metrics_port, service.metrics)
+    server = await start_server(
+        address,
+        service.register,
+        service.service_names,
+        serving=False,
+        reuse_port=service.reuse_port,
+        admin_address=service.admin_address,
+        interceptors=[*tracing.server_interceptors, *service.interceptors],
+    )
+    log.info("%s on port %d", role, server.port)
+    await service.start()
+    await server.set_serving(True)
+    await stop.wait()
+    log.info("%s stopping", role)
+    await server.set_serving(False)
+    await server.stop(grace=service.grace_s)
+    await service.stop()
+    if metrics is not None:
+        metrics.stop()
+    await asyncio.to_thread(tracing.shutdown)
+    return 0
+
+
+def main(
+    role: str,
+    config_type: type[C],
+    serve: Callable[[C], Coroutine[Any, Any, int]],
+    description: str | None,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """`python -m services.ROLE`: its settings, then `serve(config)` on the event loop."""
+    setup_logging(role)
+    try:
+        config = settings_of(role, config_type, argv, description or "")
+    except (ValueError, EngineError) as err:
+        print(f"{role}: error: {err}", file=sys.stderr)
+        return 2
+    return run(lambda: serve(config))
+
+
+def settings_of(
+    role: str,
+    config_type: type[C],
+    argv: Sequence[str] | None,
+    description: str = "",
+    env: Mapping[str, str] = os.environ,
+) -> C:
+    """The process's settings from its flags, --config file and environment; each process's
+    spans are named tandem-ROLE unless its settings say otherwise."""
+    prog = f"python -m services.{role}"
+    config = parse(config_type, argv, env, prog=prog, description=description)
+    telemetry = getattr(config, "telemetry", None)
+    if isinstance(telemetry, TelemetryConfig) and not telemetry.service_name:
+        named = dataclasses.replace(telemetry, service_name=f"tandem-{role}")
+        config = dataclasses.replace(config, telemetry=named)  # type: ignore[type-var]
+    return config

@@ -1,0 +1,201 @@
+"""A process's settings: one frozen dataclass whose fields define its flags and its config file.
+
+A field with `setting(...)` metadata is a flag, `--field-name`; a field whose type is itself such
+a dataclass contributes its own fields (flattened), so `tandem serve` is made of the settings of
+the processes it starts. Values come from, in order of precedence: the command line, the
+`--config FILE` (YAML or JSON, keys as the flags' names with - or _, nested sections or flat),
+the environment variable a field names, and the field's default. The environment is read here,
+once, from what `parse` is given; nothing below a process's `__main__` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import yaml
+
+T = TypeVar("T")
+
+
+def setting(
+    help: str,
+    *,
+    env: str | None = None,
+    choices: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Field metadata that makes a field a flag: `field(default=..., metadata=setting(...))`."""
+    return {"help": help, "env": env, "choices": choices}
+
+
+def flag(
+    default: T,
+    help: str,
+    *,
+    env: str | None = None,
+    choices: Sequence[str] | None = None,
+) -> T:
+    """A settings field: `max_num_seqs: int = flag(256, "sequences per step")`."""
+    return cast(
+        T, dataclasses.field(default=default, metadata=setting(help, env=env, choices=choices))
+    )
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(kind: Any) -> bool:
+    return dataclasses.is_dataclass(kind) and isinstance(kind, type)
+
+
+def _scalar(kind: Any) -> type:
+    """int for `int | None`, and so on: the type a flag's text is converted to."""
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return cast(type, kind)
+
+
+def flags_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], type]]:
+    """Every flag of `cls`, sections flattened: name -> (its field, its scalar type)."""
+    out: dict[str, tuple[dataclasses.Field[Any], type]] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if _is_section(kind):
+            for name, item in flags_of(kind).items():
+                if name in out:
+                    raise TypeError(f"{cls.__name__}: two settings are called {name}")
+                out[name] = item
+        elif "help" in f.metadata:
+            out[f.name] = (f, _scalar(kind))
+    return out
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str]) -> None:
+    for name, (f, kind) in flags_of(cls).items():
+        meta = f.metadata
+        default = _default(f, kind, env)
+        flag = "--" + name.replace("_", "-")
+        help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
+        if kind is bool:
+            parser.add_argument(
+                flag, dest=name, default=default, help=help_text,
+                action=argparse.BooleanOptionalAction,
+            )  # fmt: skip
+        else:
+            parser.add_argument(
+                flag, dest=name, default=default, type=kind, choices=meta["choices"],
+                help=help_text + ("" if default in (None, "") else f" [default: {default}]"),
+            )  # fmt: skip
+
+
+def _default(f: dataclasses.Field[Any], kind: type, env: Mapping[str, str]) -> Any:
+    variable, choices = f.metadata["env"], f.metadata["choices"]
+    if variable and env.get(variable):
+        raw = env[variable]
+        if kind is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if choices and raw not in choices:
+            raise ValueError(f"{variable}={raw!r}: {f.name} must be one of {', '.join(choices)}")
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"{variable}={raw!r} is not a valid {f.name}") from None
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def build(cls: type[T], values: Mapping[str, Any]) -> T:
+    """An instance of `cls` from flat values (by flag name); sections are built in turn."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        kind = hints[f.name]
+        if _is_section(kind):
+            kwargs[f.name] = build(kind, values)
+        elif f.name in values and values[f.name] is not None:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)
+
+
+def read_file(path: Path, cls: type) -> dict[str, Any]:
+    """The values of a YAML or JSON config file, flattened and checked against `cls`'s flags."""
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read the config file {path}: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    flat: dict[str, Any] = {}
+
+    def walk(mapping: Mapping[str, Any]) -> None:
+        for key, value in mapping.items():
+            name = str(key).replace("-", "_")
+            if isinstance(value, dict):
+                walk(value)
+            else:
+                flat[name] = value
+
+    walk(data)
+    known = flags_of(cls)
+    unknown = sorted(set(flat) - set(known))
+    if unknown:
+        raise ValueError(f"{path}: unknown settings {', '.join(unknown)}")
+    return flat
+
+
+def parse(
+    cls: type[T],
+    argv: Sequence[str] | None,
+    env: Mapping[str, str],
+    *,
+    prog: str,
+    description: str,
+    extra: Mapping[str, Any] | None = None,
+) -> T:
+    """Settings from the command line, a --config file and the environment; ValueError names
+    a bad value. `extra` supplies fields that are not flags (the caller's, e.g. resolved)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="a YAML or JSON file of settings (flags on the command line win)",
+    )
+    add_flags(parser, cls, env)
+    known, _ = parser.parse_known_args(argv)
+    if known.config is not None:
+        parser.set_defaults(**read_file(known.config, cls))
+    args = vars(parser.parse_args(argv))
+    args.pop("config")
+    return build(cls, {**args, **(extra or {})})
+
+
+def values_of(config: Any) -> dict[str, Any]:
+    """The flag values of a settings dataclass, sections flattened: a `--config` file's content
+    (what the launcher hands each process it starts)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(values_of(value))
+        elif "help" in f.metadata:
+            out[f.name] = value
+    return out
+
+
+def write_file(config: Any, path: Path) -> Path:
+    path.write_text(json.dumps(values_of(config), indent=1, default=str) + "\n")
+    return path
