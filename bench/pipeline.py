@@ -198,9 +198,9 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
     from services.telemetry.config import TelemetryConfig
     from services.telemetry.scheduler_metrics import SchedulerMetrics
     from services.telemetry.scheduler_telemetry import SchedulerTelemetry
-    from services.telemetry.step_telemetry import StepTelemetry
     from services.telemetry.tracing import Tracing
     from services.telemetry.worker_metrics import WorkerMetrics
+    from services.telemetry.worker_telemetry import WorkerTelemetry
     from tandem.internal.v1 import hotpath_pb2 as hp
 
     class Drop(SpanExporter):
@@ -208,7 +208,7 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
             return SpanExportResult.SUCCESS
 
     tracing = Tracing.start(TelemetryConfig(service_name="bench"), Drop()) if traced else None
-    worker = StepTelemetry(tracing, WorkerMetrics("bench"))
+    worker = WorkerTelemetry(tracing, WorkerMetrics("bench"))
     scheduler = SchedulerTelemetry(tracing, SchedulerMetrics())
     scheduler.on_model("bench")
     ids = list(range(batch))

@@ -19,7 +19,8 @@ from engine.gguf_weights import GGUFWeights
 from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
 from engine.quant import Q4Blocks, int4_supported, quantize_int8
-from engine.random_weights import SEED_KEY, RandomWeights, is_random
+from engine.random_weights import RandomWeights, is_random
+from engine.registry import SEED_KEY
 from engine.weights import build_model
 
 QUANTIZE_MODES = ("auto", "int4", "none", "int8")

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
+from engine.registry import SEED_KEY
 
-SEED_KEY = "tandem_random_seed"
 _STD = 0.02  # the initializer range LLaMA checkpoints are trained from
 
 

@@ -21,7 +21,9 @@ from typing import Any
 from tqdm import tqdm
 
 from engine.errors import FetchError, ModelNotFound
-from engine.random_weights import SEED_KEY
+
+# The key in a generated model's config.json that holds its seed (engine/random_weights.py).
+SEED_KEY = "tandem_random_seed"
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-
-from engine.errors import InvalidRequest
-from engine.sampling_params import SamplingParams
+from typing import Any
 
 
 def add_prompt_args(parser: argparse.ArgumentParser) -> None:
@@ -60,51 +58,28 @@ def parse_ids(text: str) -> list[int]:
         ) from None
 
 
-def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        seed=args.seed,
-        logprobs=args.logprobs,
-    )
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "logprobs",
+)
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags by name (`SamplingParams(**...)` offline; the client's options)."""
+    return {name: getattr(args, name) for name in SAMPLING_FLAGS}
 
 
 def chat_messages(args: argparse.Namespace) -> list[dict[str, str]]:
     if args.prompt is None:
-        raise InvalidRequest("chat", "--chat needs --prompt text, not --prompt-ids")
+        raise SystemExit(
+            f"tandem {args.command}: error: --chat needs --prompt text, not --prompt-ids"
+        )
     messages = [{"role": "system", "content": args.system}] if args.system else []
     return [*messages, {"role": "user", "content": args.prompt}]
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Where and how the model runs: shared by `tandem run`, `tandem serve` and the worker."""
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="activations and dequantized weights; auto: float32 on CPU, bfloat16 on CUDA",
-    )
-    parser.add_argument(
-        "--quantize",
-        default="auto",
-        choices=["auto", "int4", "none", "int8"],
-        help="auto: the fastest measured choice; on CPU, GGUF Q4_0/Q4_1/Q8_0 weights are served "
-        "as they are by tandem's native kernels (int8 activations as llama.cpp's, AVX-512 VNNI; "
-        "where those cannot be built, as int4), and float weights are packed; int4 (CPU): the "
-        "GGUF's codes through torch's int4 kernel with bf16 activations, beside a oneDNN-packed "
-        "bf16 copy for large steps: logits closer to fp32 (KL 0.001-0.002 against 0.005), at "
-        "about half the speed; none: plain dequantized weights in --dtype; int8: weight-only "
-        "int8 with per-channel scales",
-    )
-
-
-def dtype_for(device: str, dtype: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device.startswith("cuda") else "float32"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 from services.bench.config import (
@@ -160,6 +161,15 @@ def _bench(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except BenchConfigError as err:
         print(f"tandem bench: error: {err}", file=sys.stderr)
+        return 2
+    needs = {"httpx": any(t.backend == "openai" for t in config.targets), "matplotlib": args.plot}
+    missing = [name for name, needed in needs.items() if needed and find_spec(name) is None]
+    if missing:
+        print(
+            f"tandem bench: error: this run needs {' and '.join(missing)}: "
+            "pip install 'tandem[bench]'",
+            file=sys.stderr,
+        )
         return 2
     # Imported here: matplotlib and httpx load only when a benchmark really runs.
     from services.bench.report import table, write_json

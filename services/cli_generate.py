@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 import uuid
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any, cast
 
 from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
-from services.client_sync import Client
-from services.client_types import GenerateOptions, GenerationResult, Message, TandemError
+
+if TYPE_CHECKING:
+    from services.client_sync import Client
+    from services.client_types import GenerateOptions, GenerationResult, Message, TandemError
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -53,28 +53,23 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace) -> GenerateOptions:
-    # The engine's own rules check the sampling flags here, before anything is sent.
-    s = sampling_from_args(args)
-    return GenerateOptions(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        min_p=s.min_p,
-        repetition_penalty=s.repetition_penalty,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        seed=s.seed,
-        logprobs=s.logprobs,
-        max_tokens=args.max_tokens,
-        stop=args.stop,
-        ignore_eos=args.ignore_eos,
-        priority=args.priority,
-        session_id=args.session_id or "",
-        timeout=args.timeout,
-    )
+    # Sampling values are checked by the server, which names a bad one (INVALID_ARGUMENT).
+    options = {
+        **sampling_from_args(args),
+        "max_tokens": args.max_tokens,
+        "stop": args.stop,
+        "ignore_eos": args.ignore_eos,
+        "priority": args.priority,
+        "session_id": args.session_id or "",
+        "timeout": args.timeout,
+    }
+    return cast("GenerateOptions", options)
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from services.client_sync import Client
+    from services.client_types import TandemError
+
     options = _options(args)
     if args.chat:
         options["messages"] = chat_messages(args)
@@ -132,6 +127,8 @@ def _as_json(result: GenerationResult, with_logprobs: bool) -> dict[str, Any]:
 
 def _report(command: str, err: TandemError, client: Client) -> bool:
     """Print the error; True when the server cannot be reached at all."""
+    import grpc
+
     message = err.message
     # UNAVAILABLE is also what a live server says while its scheduler restarts: only blame the
     # address when the channel really cannot connect.
@@ -146,6 +143,9 @@ def _report(command: str, err: TandemError, client: Client) -> bool:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from services.client_sync import Client
+    from services.client_types import TandemError
+
     options = _options(args)
     options["session_id"] = args.session_id or uuid.uuid4().hex
     opening: list[Message] = [{"role": "system", "content": args.system}] if args.system else []

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from engine import registry
 from engine.tokenizer import Tokenizer
-from services.cli_args import (
-    add_engine_args,
-    add_prompt_args,
-    add_sampling_args,
-    chat_messages,
-    dtype_for,
-    sampling_from_args,
-)
+from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
+from services.settings import add_flags, build
+from services.worker.config import EngineSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_model_args(run)
     add_prompt_args(run)
     add_sampling_args(run)
-    add_engine_args(run)
+    add_flags(run.add_argument_group("engine"), EngineSettings, os.environ)
     run.set_defaults(func=_run)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
@@ -82,8 +78,10 @@ def _tokenize(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.generate import Generation, GenerationRequest, generate
+    from engine.sampling_params import SamplingParams
 
-    sampling = sampling_from_args(args)
+    sampling = SamplingParams(**sampling_from_args(args))
+    e = build(EngineSettings, vars(args))
     model_path = registry.resolve(args.model, args.home)
     tokenizer = _load_tokenizer(args, model_path)
     if args.chat:
@@ -93,7 +91,14 @@ def _run(args: argparse.Namespace) -> int:
     else:
         prompt_ids = args.prompt_ids
     engine = Engine.from_path(
-        model_path, args.device, dtype_for(args.device, args.dtype), quantize=args.quantize
+        model_path,
+        e.device,
+        e.resolved_dtype,
+        e.kv_cache_mb << 20,
+        e.block_size,
+        quantize=e.quantize,
+        cuda_graphs=not e.enforce_eager,
+        gpu_memory_fraction=e.gpu_memory_fraction,
     )
     request = GenerationRequest(
         prompt_ids=prompt_ids,

@@ -120,6 +120,7 @@ def child_configs(
         model=config.model,
         port=config.worker_port or port(),
         max_num_seqs=config.policy.max_num_seqs,
+        max_num_batched_tokens=config.policy.max_num_batched_tokens,
         engine=config.engine,
         telemetry=telemetry("worker"),
     )

@@ -78,7 +78,9 @@ def flags_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], type]]:
     return out
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str]) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, env: Mapping[str, str]
+) -> None:
     for name, (f, kind) in flags_of(cls).items():
         meta = f.metadata
         default = _default(f, kind, env)

@@ -24,8 +24,9 @@ async def serve(config: TokenizerConfig) -> int:
 
         from engine import registry
         from engine.tokenizer import load_tokenizer
-        from services.telemetry.generate_trace import GenerateTelemetry
         from services.telemetry.tokenizer_metrics import TokenizerMetrics
+        from services.telemetry.tokenizer_telemetry import TokenizerTelemetry
+        from services.tokenizer.admission import Admission
         from services.tokenizer.scheduler_link import SchedulerLink
         from services.tokenizer.service import GenerationServicer
         from shm.arena import Arena
@@ -50,9 +51,10 @@ async def serve(config: TokenizerConfig) -> int:
         )
         tokenizer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         link = SchedulerLink(scheduler_pb2_grpc.SchedulerStub(channel), tokenizer_id, arena)
-        servicer = GenerationServicer(
-            tokenizer, name, link, arena, GenerateTelemetry(tracing, metrics, name)
+        admission = Admission(
+            tokenizer, name, link, arena, TokenizerTelemetry(tracing, metrics, name)
         )
+        servicer = GenerationServicer(admission)
 
         async def stop() -> None:
             await link.stop()

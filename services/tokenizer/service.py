@@ -1,67 +1,41 @@
-"""The public `tandem.v1.Generation` servicer: validate, tokenize, submit, stream text back."""
+"""The public `tandem.v1.Generation` servicer: thin — parse, hand to the admission path."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+import time
+from collections.abc import AsyncIterator
 
-import numpy as np
 from grpc import aio
 
 from engine.errors import InvalidRequest
-from engine.tokenizer import Tokenizer
-from services.errors import ResourceExhausted, ServiceError, Unavailable
-from services.protocol import sampling_to_pb
-from services.telemetry.generate_trace import GenerateCall, GenerateTelemetry
-from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
-from services.tokenizer.scheduler_link import SchedulerLink
-from services.tokenizer.stream import TextStream
-from shm.arena import Arena
-from shm.errors import ArenaFull
-from shm.handle import Handle
-from tandem.internal.v1 import scheduler_pb2 as spb
+from services.errors import Unavailable
+from services.tokenizer.admission import Admission
+from services.tokenizer.request import parse_generate
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 
-log = logging.getLogger(__name__)
-
-# Prompts longer than this many characters are tokenized off the event loop.
-_INLINE_TOKENIZE_CHARS = 4096
-# A call ended this close to its deadline ended by it (the client's clock runs out first): the
-# scheduler drops the request at that deadline by itself, so no Cancel is sent.
-_DEADLINE_SLACK_S = 0.1
-
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        model_name: str,
-        link: SchedulerLink,
-        arena: Arena | None,
-        telemetry: GenerateTelemetry,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.link = link
-        self.arena = arena
-        self.telemetry = telemetry
-        self._background: set[asyncio.Task[None]] = set()
-
-    @property
-    def max_seq_len(self) -> int:
-        model = self.link.model
-        return model.max_seq_len if model is not None else 0
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.tokenizer = admission.tokenizer
+        self.model_name = admission.model_name
 
     async def Generate(
         self, request: pb.GenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        call = self.telemetry.begin(context.invocation_metadata())
+        a = self.admission
+        call = a.telemetry.begin(context.invocation_metadata())
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
         try:
+            a.check_ready()
+            spec = parse_generate(
+                request, self.model_name, self.tokenizer.vocab_size, a.max_seq_len
+            )
             # Closed explicitly, so a client that goes away cancels the work at once.
-            async with contextlib.aclosing(self._generate(request, context, call)) as replies:
+            async with contextlib.aclosing(a.generate(spec, call, deadline)) as replies:
                 async for reply in replies:
                     yield reply
         except BaseException as err:
@@ -69,161 +43,6 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise
         finally:
             call.end()
-
-    async def _generate(
-        self, request: pb.GenerateRequest, context: aio.ServicerContext, call: GenerateCall
-    ) -> AsyncGenerator[pb.GenerateResponse, None]:
-        if not self.link.attached.is_set():
-            raise Unavailable("the scheduler is (re)starting; try again shortly")
-        spec = parse_generate(request, self.model_name, self.tokenizer.vocab_size, self.max_seq_len)
-        call.on_request(
-            request_id=spec.request_id,
-            chat=spec.messages is not None,
-            temperature=spec.sampling.temperature,
-            top_p=spec.sampling.top_p,
-            top_k=spec.sampling.top_k,
-            seed=spec.sampling.seed,
-            priority=spec.priority,
-            session_id=spec.session_id,
-        )
-        limit = self.link.max_queued_requests
-        if limit and self.link.waiting >= limit:
-            raise ResourceExhausted(f"{self.link.waiting} requests are already waiting")
-        with call.phase("tokenize"):
-            prompt_ids = await self._tokenize(spec)
-        max_tokens = self._max_tokens(spec, len(prompt_ids))
-        stop_ids = spec.stop_token_ids | (
-            frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
-        )
-        handle = self._store(prompt_ids)
-        queue = self.link.open(spec.request_id, handle)
-        submitted = finished = False
-        try:
-            await self._submit(spec, prompt_ids, handle, max_tokens, stop_ids, context, call)
-            submitted = True
-            call.on_submitted(len(prompt_ids), max_tokens)
-            yield pb.GenerateResponse(
-                request_id=spec.request_id, trace_id=call.trace_id, prompt_token_ids=prompt_ids
-            )
-            stream = TextStream(
-                self.tokenizer, spec.request_id, spec.stop_strings, stop_ids, spec.sampling.logprobs
-            )
-            while not finished:
-                events = await queue.get()
-                reply = stream.on_events(events)
-                call.on_tokens(len(reply.token_ids), events.queue_s)
-                if reply.finish_reason:
-                    reply.usage.prompt_tokens = len(prompt_ids)
-                    finished = True
-                    call.finish(
-                        reply.finish_reason,
-                        reply.usage.completion_tokens,
-                        reply.usage.cached_prompt_tokens,
-                    )
-                yield reply
-            if stream.hit_stop_string:
-                finished = False  # the scheduler is still generating: cancel it below
-        finally:
-            if submitted:
-                self.link.close(spec.request_id)
-                remaining = context.time_remaining()
-                expired = remaining is not None and remaining < _DEADLINE_SLACK_S
-                if not finished and not expired:
-                    # The client went away, or a stop string ended it: stop the work too. (At
-                    # the client's deadline the scheduler drops the request by itself.)
-                    with call.active():  # the task copies the context: Cancel joins the trace
-                        task = asyncio.create_task(self._cancel(spec.request_id))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
-            else:
-                self.link.abandon(spec.request_id)
-
-    async def _tokenize(self, spec: GenerateSpec) -> list[int]:
-        if spec.prompt_ids is not None:
-            return spec.prompt_ids
-        tok = self.tokenizer
-        if spec.messages is not None:
-            messages = spec.messages
-            size = sum(len(m["content"]) for m in messages)
-
-            def encode() -> list[int]:
-                return tok.encode_chat(messages)
-        else:
-            text = spec.text or ""
-            size = len(text)
-
-            def encode() -> list[int]:
-                return tok.encode_prompt(
-                    text, allow_special=not spec.split_special_tokens, field="prompt.text"
-                )
-
-        ids = await asyncio.to_thread(encode) if size > _INLINE_TOKENIZE_CHARS else encode()
-        if not ids:
-            raise InvalidRequest("prompt", "tokenizes to nothing")
-        if len(ids) >= self.max_seq_len:
-            raise InvalidRequest(
-                "prompt", f"{len(ids)} tokens do not fit the model's context of {self.max_seq_len}"
-            )
-        return ids
-
-    def _max_tokens(self, spec: GenerateSpec, prompt_len: int) -> int:
-        room = self.max_seq_len - prompt_len
-        if spec.max_tokens is None:
-            return min(DEFAULT_MAX_TOKENS, room)
-        if spec.max_tokens > room:
-            raise InvalidRequest(
-                "max_tokens",
-                f"{prompt_len} prompt tokens + {spec.max_tokens} exceed the model's context of "
-                f"{self.max_seq_len}; ask for at most {room}",
-            )
-        return spec.max_tokens
-
-    def _store(self, prompt_ids: list[int]) -> Handle | None:
-        if self.arena is None:
-            return None
-        try:
-            return self.arena.put(np.asarray(prompt_ids, dtype=np.int32))
-        except ArenaFull as err:
-            raise ResourceExhausted(f"the prompt arena is full: {err}") from err
-
-    async def _submit(
-        self,
-        spec: GenerateSpec,
-        prompt_ids: list[int],
-        handle: Handle | None,
-        max_tokens: int,
-        stop_ids: frozenset[int],
-        context: aio.ServicerContext,
-        call: GenerateCall,
-    ) -> None:
-        remaining = context.time_remaining()
-        submit = spb.SubmitRequest(
-            request_id=spec.request_id,
-            tokenizer_id=self.link.tokenizer_id,
-            prompt_len=len(prompt_ids),
-            sampling=sampling_to_pb(spec.sampling),
-            max_tokens=max_tokens,
-            stop_token_ids=sorted(stop_ids),
-            priority=spec.priority,
-            session_id=spec.session_id or "",
-            timeout_s=remaining if remaining is not None else 0.0,
-            traceparent=call.traceparent,
-        )
-        if handle is not None:
-            submit.prompt_handle = handle.to_bytes()
-        else:
-            submit.prompt_ids.ids.extend(prompt_ids)
-        try:
-            with call.active():  # the client interceptor puts the trace in the call's metadata
-                await self.link.stub.Submit(submit)
-        except aio.AioRpcError as err:
-            raise ServiceError(err.details() or err.code().name, code=err.code()) from None
-
-    async def _cancel(self, request_id: str) -> None:
-        try:
-            await self.link.stub.Cancel(spb.CancelRequest(request_id=request_id))
-        except aio.AioRpcError as err:
-            log.warning("cancelling %s: %s", request_id, err.code().name)
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: aio.ServicerContext
@@ -250,7 +69,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def ListModels(
         self, request: pb.ListModelsRequest, context: aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        model = self.link.model
+        model = self.admission.link.model
         if model is None:
             raise Unavailable("the scheduler is (re)starting")
         return pb.ListModelsResponse(

@@ -25,8 +25,8 @@ async def serve(config: WorkerConfig) -> int:
 
         from engine import registry
         from engine.engine import Engine
-        from services.telemetry.step_telemetry import StepTelemetry
         from services.telemetry.worker_metrics import WorkerMetrics
+        from services.telemetry.worker_telemetry import WorkerTelemetry
         from services.worker.service import WorkerServicer
         from services.worker.threads import ThreadPolicy
         from shm.reader import Reader
@@ -46,6 +46,7 @@ async def serve(config: WorkerConfig) -> int:
             quantize=e.quantize,
             max_num_seqs=config.max_num_seqs,
             cuda_graphs=not e.enforce_eager,
+            warm_up_tokens=config.max_num_batched_tokens,
             gpu_memory_fraction=e.gpu_memory_fraction,
         )
         log.info(
@@ -58,7 +59,7 @@ async def serve(config: WorkerConfig) -> int:
         reader = Reader()
         policy = ThreadPolicy(threads, os.cpu_count() or 1) if engine.device.type == "cpu" else None
         servicer = WorkerServicer(
-            engine, model.model, reader, StepTelemetry(tracing, metrics), policy
+            engine, model.model, reader, WorkerTelemetry(tracing, metrics), policy
         )
 
         async def stop() -> None:

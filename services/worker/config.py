@@ -73,6 +73,9 @@ class WorkerConfig:
     host: str = flag("127.0.0.1", "address to bind")
     port: int = flag(50053, "gRPC port")
     max_num_seqs: int = flag(256, "the largest batch (sizes CUDA graphs and buffers)")
+    max_num_batched_tokens: int = flag(
+        2048, "the largest step in new tokens (what is compiled and captured at start on CUDA)"
+    )
     engine: EngineSettings = field(default_factory=EngineSettings)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 

@@ -13,7 +13,7 @@ from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.sampling_params import SamplingParams
 from services.protocol import PLACEHOLDER, sampling_from_pb
-from services.telemetry.step_telemetry import StepTelemetry
+from services.telemetry.worker_telemetry import WorkerTelemetry
 from services.worker.threads import ThreadPolicy
 from shm.errors import ShmError
 from shm.handle import Handle
@@ -39,12 +39,12 @@ class StepRunner:
         self,
         engine: Engine,
         reader: Reader,
-        telemetry: StepTelemetry | None = None,
+        telemetry: WorkerTelemetry | None = None,
         threads: ThreadPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.reader = reader
-        self.telemetry = telemetry or StepTelemetry()
+        self.telemetry = telemetry or WorkerTelemetry()
         self.threads = threads  # None: leave torch's thread count alone (and on CUDA)
         self.seqs: dict[int, SeqState] = {}
 

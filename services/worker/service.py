@@ -17,7 +17,7 @@ from grpc import aio
 
 from engine.engine import Engine
 from services.errors import Unavailable
-from services.telemetry.step_telemetry import StepTelemetry
+from services.telemetry.worker_telemetry import WorkerTelemetry
 from services.worker.runner import StepRunner
 from services.worker.threads import ThreadPolicy
 from shm.consumer import RingConsumer
@@ -82,7 +82,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         engine: Engine,
         model_name: str,
         reader: Reader,
-        telemetry: StepTelemetry | None = None,
+        telemetry: WorkerTelemetry | None = None,
         threads: ThreadPolicy | None = None,
     ) -> None:
         self.engine = engine

@@ -12,14 +12,14 @@ from services.errors import InvalidArgument
 from services.protocol import StepPlan
 from services.scheduler.events import Finished, Preempted, Queued, Resumed, Scheduled, Token
 from services.scheduler.state import SchedulerStats
-from services.telemetry.generate_trace import GenerateTelemetry
 from services.telemetry.propagation import span_context_of
 from services.telemetry.scheduler_metrics import SchedulerMetrics
 from services.telemetry.scheduler_telemetry import SchedulerTelemetry
-from services.telemetry.step_telemetry import StepTelemetry
 from services.telemetry.tokenizer_metrics import TokenizerMetrics
+from services.telemetry.tokenizer_telemetry import TokenizerTelemetry
 from services.telemetry.tracing import Tracing
 from services.telemetry.worker_metrics import WorkerMetrics
+from services.telemetry.worker_telemetry import WorkerTelemetry
 from tandem.internal.v1 import hotpath_pb2 as hp
 from tests.telemetry.conftest import Recorded
 
@@ -171,7 +171,7 @@ def step(step_id: int, seq_ids: list[int], new: dict[int, str], parent: str) -> 
 
 def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
     metrics = WorkerMetrics("m")
-    t = StepTelemetry(recorded.tracing, metrics)
+    t = WorkerTelemetry(recorded.tracing, metrics)
     other = "00-2af7651916cd43dd8448eb211c80319c-d7ad6b7169203331-01"
     first = step(0, [1, 2, 3], {1: REQUEST_SPAN, 2: other, 3: UNSAMPLED}, REQUEST_SPAN)
     second = step(1, [1, 2, 3], {}, REQUEST_SPAN)
@@ -201,7 +201,7 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
 
 def test_a_failed_step_is_an_error_span_and_counted(recorded: Recorded) -> None:
     metrics = WorkerMetrics("m")
-    t = StepTelemetry(recorded.tracing, metrics)
+    t = WorkerTelemetry(recorded.tracing, metrics)
     desc = step(0, [1], {1: REQUEST_SPAN}, REQUEST_SPAN)
     t.record(desc, None, 10**18, 0.1, RuntimeError("boom"))
     t.flush()
@@ -211,8 +211,8 @@ def test_a_failed_step_is_an_error_span_and_counted(recorded: Recorded) -> None:
     assert sample(metrics, "tandem_step_failures_total") == 1
 
 
-def generate_telemetry(recorded: Recorded) -> GenerateTelemetry:
-    return GenerateTelemetry(recorded.tracing, TokenizerMetrics("m"), "m")
+def generate_telemetry(recorded: Recorded) -> TokenizerTelemetry:
+    return TokenizerTelemetry(recorded.tracing, TokenizerMetrics("m"), "m")
 
 
 def test_a_generate_call_continues_the_callers_trace_and_counts(recorded: Recorded) -> None:
@@ -280,7 +280,7 @@ def test_a_failed_generate_call_records_why(
 
 
 def test_with_tracing_off_a_generate_call_echoes_the_callers_trace_id() -> None:
-    telemetry = GenerateTelemetry(Tracing.off(), TokenizerMetrics("m"), "m")
+    telemetry = TokenizerTelemetry(Tracing.off(), TokenizerMetrics("m"), "m")
     call = telemetry.begin([("traceparent", REQUEST_SPAN)])
     assert call.trace_id == "0af7651916cd43dd8448eb211c80319c"
     assert call.traceparent == ""

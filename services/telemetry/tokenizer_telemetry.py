@@ -30,7 +30,7 @@ from services.telemetry.tokenizer_metrics import TokenizerMetrics
 from services.telemetry.tracing import Tracing
 
 
-class GenerateTelemetry:
+class TokenizerTelemetry:
     """Per process: makes a GenerateCall for each request."""
 
     def __init__(self, tracing: Tracing, metrics: TokenizerMetrics, model_name: str) -> None:
@@ -59,7 +59,7 @@ class GenerateCall:
         "tracer",
     )
 
-    def __init__(self, owner: GenerateTelemetry, parent: Context | None) -> None:
+    def __init__(self, owner: TokenizerTelemetry, parent: Context | None) -> None:
         self.tracer = owner.tracer
         self.metrics = owner.metrics
         self.model_name = owner.model_name

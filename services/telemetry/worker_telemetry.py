@@ -22,7 +22,7 @@ from tandem.internal.v1 import hotpath_pb2 as hp
 _ROOT = Context()
 
 
-class StepTelemetry:
+class WorkerTelemetry:
     def __init__(self, tracing: Tracing | None = None, metrics: WorkerMetrics | None = None):
         self.tracing = tracing or Tracing.off()
         self.tracer = self.tracing.tracer
