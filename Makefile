@@ -50,10 +50,13 @@ $(MODELS_STAMP): $(STAMP) $(GENERATED)
 run: setup
 	$(VENV)/bin/tandem serve --demo "Write a haiku about shared memory."
 
+# The layer rules (import-linter's contracts in pyproject.toml), then the suite.
 test: setup
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

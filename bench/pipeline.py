@@ -194,13 +194,13 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
     scheduler's loop (events, stats, plan); spans go to an exporter that drops them."""
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+    from services.scheduler.metrics import SchedulerMetrics
     from services.scheduler.state import SchedulerStats
+    from services.scheduler.telemetry import SchedulerTelemetry
     from services.telemetry.config import TelemetryConfig
-    from services.telemetry.scheduler_metrics import SchedulerMetrics
-    from services.telemetry.scheduler_telemetry import SchedulerTelemetry
     from services.telemetry.tracing import Tracing
-    from services.telemetry.worker_metrics import WorkerMetrics
-    from services.telemetry.worker_telemetry import WorkerTelemetry
+    from services.worker.metrics import WorkerMetrics
+    from services.worker.telemetry import WorkerTelemetry
     from tandem.internal.v1 import hotpath_pb2 as hp
 
     class Drop(SpanExporter):

@@ -69,13 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = rest  # `tandem serve` parses its own settings (and --help)
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    # Errors users can act on: the engine's and shared memory's (both name what is wrong).
-    from engine.errors import EngineError
-    from shm.errors import ShmError
-
     try:
         return int(args.func(args) or 0)
-    except (EngineError, ShmError) as err:
+    except getattr(args, "user_errors", ()) as err:  # errors that name what is wrong
         print(f"tandem {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from engine import registry
+from engine.errors import EngineError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fetch = verbs.add_parser("fetch", help="download and verify named models into the cache")
     fetch.add_argument("names", nargs="+", metavar="NAME", help="model names (see `models list`)")
     fetch.add_argument("--quiet", action="store_true", help="no progress bars")
-    fetch.set_defaults(func=_fetch)
+    fetch.set_defaults(func=_fetch, user_errors=(EngineError,))
 
 
 def _list(args: argparse.Namespace) -> int:

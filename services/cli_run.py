@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from engine import registry
+from engine.errors import EngineError
 from engine.tokenizer import Tokenizer
 from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
 from services.settings import add_flags, build
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prompt_args(run)
     add_sampling_args(run)
     add_flags(run.add_argument_group("engine"), EngineSettings, os.environ)
-    run.set_defaults(func=_run)
+    run.set_defaults(func=_run, user_errors=(EngineError,))
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
     _add_model_args(tok)
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "raw prompt); --no-special encodes it as the characters it is (as chat content is)",
     )
     tok.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')
-    tok.set_defaults(func=_tokenize)
+    tok.set_defaults(func=_tokenize, user_errors=(EngineError,))
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:

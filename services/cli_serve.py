@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.errors import EngineError
 from services.scheduler.config import SchedulerProcessConfig, SchedulingPolicy
 from services.settings import flag, parse, write_file
 from services.telemetry.config import TelemetryConfig, TracingSettings
@@ -75,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start the tokenizer, scheduler and worker processes and serve the gRPC API",
         add_help=False,  # the flags are ServeConfig's, parsed (and explained) by _serve
     )
-    p.set_defaults(func=_serve, forwards=True)
+    p.set_defaults(func=_serve, user_errors=(EngineError,), forwards=True)
 
 
 def parse_serve(argv: list[str]) -> ServeConfig:

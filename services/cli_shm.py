@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from shm import reaper
+from shm.errors import ShmError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,10 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     verbs.add_parser(
         "ls", help="list segments and semaphores, and whether their owner lives"
-    ).set_defaults(func=_ls)
+    ).set_defaults(func=_ls, user_errors=(ShmError,))
     gc = verbs.add_parser("gc", help="unlink segments and semaphores whose owner died")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be unlinked")
-    gc.set_defaults(func=_gc)
+    gc.set_defaults(func=_gc, user_errors=(ShmError,))
 
 
 def _ls(args: argparse.Namespace) -> int:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import grpc
 
 from engine.errors import EngineError, InvalidRequest, ModelFormatError, ModelNotFound
-from services.scheduler.errors import InvalidRequest as SchedulerInvalid
-from services.scheduler.errors import QueueFull
 from shm.errors import ShmError
 
 
@@ -54,10 +52,8 @@ def status_of(err: BaseException) -> tuple[grpc.StatusCode, str] | None:
     """The status for an error users can act on; None for a bug (reported as INTERNAL)."""
     if isinstance(err, ServiceError):
         return err.code, str(err)
-    if isinstance(err, InvalidRequest | SchedulerInvalid):
+    if isinstance(err, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(err)
-    if isinstance(err, QueueFull):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
     if isinstance(err, ModelNotFound):
         return grpc.StatusCode.NOT_FOUND, str(err)
     if isinstance(err, ModelFormatError | EngineError):

@@ -17,11 +17,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SchedulerProcessConfig:
 async def serve(config: SchedulerProcessConfig) -> int:
     async def build(tracing: Tracing) -> Service:
         from services.scheduler.loop import StepLoop
+        from services.scheduler.metrics import SchedulerMetrics
         from services.scheduler.routes import Routes
         from services.scheduler.service import SchedulerServicer
+        from services.scheduler.telemetry import SchedulerTelemetry
         from services.scheduler.worker_link import WorkerLink
-        from services.telemetry.scheduler_metrics import SchedulerMetrics
-        from services.telemetry.scheduler_telemetry import SchedulerTelemetry
         from shm.reader import Reader
         from tandem.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 

@@ -16,15 +16,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.errors import InvalidArgument, Unavailable
+from services.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.protocol import SequenceRecord, TopLogprobs, decode_outcome, encode_plan
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.errors import InvalidRequest, QueueFull
 from services.scheduler.events import Event, Finished, Scheduled, Token
 from services.scheduler.request import Request
 from services.scheduler.routes import Routes
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.telemetry import SchedulerTelemetry
 from services.scheduler.worker_link import WorkerGone, WorkerLink
-from services.telemetry.scheduler_telemetry import SchedulerTelemetry
 from tandem.internal.v1 import hotpath_pb2 as hp
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,12 @@ class StepLoop:
             raise Unavailable("the worker is (re)starting; try again shortly")
         if record.request_id in self.seq_ids:
             raise InvalidArgument("request_id", f"{record.request_id!r} is already in flight")
-        self.core.add_request(request)  # raises QueueFull / InvalidRequest
+        try:
+            self.core.add_request(request)
+        except InvalidRequest as err:
+            raise InvalidArgument(err.field, str(err).split(": ", 1)[1]) from None
+        except QueueFull as err:
+            raise ResourceExhausted(str(err)) from None
         self.telemetry.on_submit(
             record.seq_id,
             record.request_id,

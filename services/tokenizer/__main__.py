@@ -24,11 +24,11 @@ async def serve(config: TokenizerConfig) -> int:
 
         from engine import registry
         from engine.tokenizer import load_tokenizer
-        from services.telemetry.tokenizer_metrics import TokenizerMetrics
-        from services.telemetry.tokenizer_telemetry import TokenizerTelemetry
         from services.tokenizer.admission import Admission
+        from services.tokenizer.metrics import TokenizerMetrics
         from services.tokenizer.scheduler_link import SchedulerLink
         from services.tokenizer.service import GenerationServicer
+        from services.tokenizer.telemetry import TokenizerTelemetry
         from shm.arena import Arena
         from tandem.internal.v1 import scheduler_pb2_grpc
         from tandem.v1 import generation_pb2, generation_pb2_grpc

@@ -16,10 +16,10 @@ from engine.errors import InvalidRequest
 from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
-from services.telemetry.tokenizer_telemetry import GenerateCall, TokenizerTelemetry
 from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec
 from services.tokenizer.scheduler_link import SchedulerLink
 from services.tokenizer.stream import TextStream
+from services.tokenizer.telemetry import GenerateCall, TokenizerTelemetry
 from shm.arena import Arena
 from shm.errors import ArenaFull
 from shm.handle import Handle

@@ -25,9 +25,9 @@ async def serve(config: WorkerConfig) -> int:
 
         from engine import registry
         from engine.engine import Engine
-        from services.telemetry.worker_metrics import WorkerMetrics
-        from services.telemetry.worker_telemetry import WorkerTelemetry
+        from services.worker.metrics import WorkerMetrics
         from services.worker.service import WorkerServicer
+        from services.worker.telemetry import WorkerTelemetry
         from services.worker.threads import ThreadPolicy
         from shm.reader import Reader
         from tandem.internal.v1 import worker_pb2, worker_pb2_grpc

@@ -13,7 +13,7 @@ from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.sampling_params import SamplingParams
 from services.protocol import PLACEHOLDER, sampling_from_pb
-from services.telemetry.worker_telemetry import WorkerTelemetry
+from services.worker.telemetry import WorkerTelemetry
 from services.worker.threads import ThreadPolicy
 from shm.errors import ShmError
 from shm.handle import Handle

@@ -17,8 +17,8 @@ from grpc import aio
 
 from engine.engine import Engine
 from services.errors import Unavailable
-from services.telemetry.worker_telemetry import WorkerTelemetry
 from services.worker.runner import StepRunner
+from services.worker.telemetry import WorkerTelemetry
 from services.worker.threads import ThreadPolicy
 from shm.consumer import RingConsumer
 from shm.errors import PeerGone, ShmError

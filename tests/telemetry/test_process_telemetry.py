@@ -11,15 +11,15 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.errors import InvalidArgument
 from services.protocol import StepPlan
 from services.scheduler.events import Finished, Preempted, Queued, Resumed, Scheduled, Token
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.state import SchedulerStats
+from services.scheduler.telemetry import SchedulerTelemetry
 from services.telemetry.propagation import span_context_of
-from services.telemetry.scheduler_metrics import SchedulerMetrics
-from services.telemetry.scheduler_telemetry import SchedulerTelemetry
-from services.telemetry.tokenizer_metrics import TokenizerMetrics
-from services.telemetry.tokenizer_telemetry import TokenizerTelemetry
 from services.telemetry.tracing import Tracing
-from services.telemetry.worker_metrics import WorkerMetrics
-from services.telemetry.worker_telemetry import WorkerTelemetry
+from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.telemetry import TokenizerTelemetry
+from services.worker.metrics import WorkerMetrics
+from services.worker.telemetry import WorkerTelemetry
 from tandem.internal.v1 import hotpath_pb2 as hp
 from tests.telemetry.conftest import Recorded
 

@@ -26,8 +26,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.errors import status_of
 from services.telemetry.propagation import context_from_metadata, traceparent_of
-from services.telemetry.tokenizer_metrics import TokenizerMetrics
 from services.telemetry.tracing import Tracing
+from services.tokenizer.metrics import TokenizerMetrics
 
 
 class TokenizerTelemetry:

@@ -16,7 +16,7 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from services.telemetry.propagation import context_of, span_context_of
 from services.telemetry.tracing import Tracing
-from services.telemetry.worker_metrics import WorkerMetrics
+from services.worker.metrics import WorkerMetrics
 from tandem.internal.v1 import hotpath_pb2 as hp
 
 _ROOT = Context()

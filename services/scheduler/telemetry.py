@@ -33,9 +33,9 @@ from services.scheduler.events import (
     Scheduled,
     Token,
 )
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.state import SchedulerStats
 from services.telemetry.propagation import EpochClock, context_of, traceparent_of
-from services.telemetry.scheduler_metrics import SchedulerMetrics
 from services.telemetry.tracing import Tracing
 from tandem.internal.v1 import hotpath_pb2 as hp
 
