@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,6 +64,8 @@ class StepLoop:
         self.wake = asyncio.Event()
         self.timer: asyncio.TimerHandle | None = None
         self.worker_restarts = 0
+        # When and why the worker was last lost; None before it was ever lost.
+        self.lost: tuple[float, str] | None = None
         self.ready = asyncio.Event()
         self._seq_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
@@ -102,7 +105,7 @@ class StepLoop:
 
     def submit(self, record: RequestRecord, request: Request) -> None:
         if self.core is None or not self.ready.is_set():
-            raise Unavailable("the worker is (re)starting; try again shortly")
+            raise Unavailable(self.worker_down())
         if record.request_id in self.seq_ids:
             raise InvalidArgument("request_id", f"{record.request_id!r} is already in flight")
         try:
@@ -123,6 +126,14 @@ class StepLoop:
         self.records[record.seq_id] = record
         self.seq_ids[record.request_id] = record.seq_id
         self.wake.set()
+
+    def worker_down(self) -> str:
+        """What is true while there is no worker: since when, why, and where it is awaited."""
+        where = f"waiting for it at {self.link.address}"
+        if self.lost is None:
+            return f"no worker yet: {where}"
+        lost_at, why = self.lost
+        return f"the worker is down: lost {time.monotonic() - lost_at:.0f} s ago ({why}); {where}"
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -193,6 +204,7 @@ class StepLoop:
     async def _worker_lost(self, why: str) -> None:
         log.error("worker lost (%s); failing in-flight requests and waiting for it to return", why)
         self.ready.clear()
+        self.lost = (time.monotonic(), why)
         if self.core is not None:
             events = self.core.fail_all(WORKER_GONE)
             self._route(events)

@@ -50,7 +50,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 code=grpc.StatusCode.FAILED_PRECONDITION,
             )
         if not self.loop.ready.is_set():
-            raise Unavailable("the worker is (re)starting; try again shortly")
+            raise Unavailable(self.loop.worker_down())
         if request.HasField("prompt_handle"):
             try:
                 prompt = self.reader.view(Handle.from_bytes(request.prompt_handle)).tolist()

@@ -50,7 +50,8 @@ async def serve(config: TokenizerConfig) -> int:
             interceptors=tracing.client_interceptors,
         )
         tokenizer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        link = SchedulerLink(scheduler_pb2_grpc.SchedulerStub(channel), tokenizer_id, arena)
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        link = SchedulerLink(stub, config.scheduler, tokenizer_id, arena)
         admission = Admission(
             tokenizer, name, link, arena, TokenizerTelemetry(tracing, metrics, name)
         )

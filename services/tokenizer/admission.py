@@ -58,7 +58,7 @@ class Admission:
 
     def check_ready(self) -> None:
         if not self.link.attached.is_set():
-            raise Unavailable("the scheduler is (re)starting; try again shortly")
+            raise Unavailable(f"not attached to a scheduler: waiting for it at {self.link.address}")
 
     async def generate(
         self, spec: GenerateSpec, call: GenerateCall, deadline: float | None

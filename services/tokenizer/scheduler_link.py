@@ -32,9 +32,14 @@ _REATTACH_BACKOFF_S = 1.0
 
 class SchedulerLink:
     def __init__(
-        self, stub: scheduler_pb2_grpc.SchedulerStub, tokenizer_id: str, arena: Arena | None
+        self,
+        stub: scheduler_pb2_grpc.SchedulerStub,
+        address: str,
+        tokenizer_id: str,
+        arena: Arena | None,
     ) -> None:
         self.stub = stub
+        self.address = address
         self.tokenizer_id = tokenizer_id
         self.arena = arena
         self.queues: dict[str, asyncio.Queue[hp.RequestEvents]] = {}
