@@ -77,8 +77,7 @@ class RowDecoder:
     @staticmethod
     def fits(model: Transformer) -> bool:
         """A bf16/fp16 model on CUDA whose projections are plain weights, or weight-only int8
-        (engine/quant.py) with widths a multiple of 4 (407 tok/s on an H200 at the 8B shapes,
-        against 315 through the model's modules and engine/kernels/w8a16.py)."""
+        (engine/quant.py) with widths a multiple of 4."""
         weight = model.norm.weight
         if not weight.is_cuda or weight.dtype not in (torch.bfloat16, torch.float16):
             return False

@@ -22,22 +22,20 @@ see the very activations the unfused path would.
 Launched with programmatic dependent launch (Hopper): a product's programs may start while the
 previous kernel finishes, fetch their first weight tile (weights never depend on it), and only
 then wait for it. The fetch and the previous kernel's tail overlap, and so do the launches.
-Weights are read once a step, so their loads ask L2 to evict them first (int8: +1%). (Asking L2
-for O's weights while attention runs, before the wait, measured slower.)
+Weights are read once a step, so their loads ask L2 to evict them first.
 
 Int8 weights are read as 32-bit words of four and widened without a conversion instruction
 (int8 → float conversions, and this widening feeding the tensor cores through shared memory,
-both measured slower on an H200; gate/up and the head, where this arithmetic costs most, have
-their own kernel, row_gemv_tc.py, which widens to fp16 in registers for the tensor cores):
+were both slower; gate/up and the head, where this arithmetic costs most, have their own
+kernel, row_gemv_tc.py, which widens to fp16 in registers for the tensor cores):
 one byte permute places each byte u = q + 128 (its sign bit flipped) as the second byte of
 1.0's bits, the float 1 + u / 2**15, which multiplies the input directly. Since
 Σ (1 + u / 2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15, the kernel also sums the inputs and
 recovers Σ q a at the end, then applies the row's scale. The cancellation costs
 precision: 1e-4 relative to the largest output or less, against bf16's 4e-3 rounding. A permute
-and an FMA a weight keep int8 below the memory's pace (2.2-4.2 TB/s at the LLaMA-3-8B shapes on
-an H200; with the inputs' loads replaced by arithmetic, still 2.7-4.3). 1.0's bits arrive as a
-kernel argument: as a literal, ptxas makes it the permute's immediate operand and rebuilds the
-byte selector in a register before every permute, a quarter more instructions in the loop.
+and an FMA a weight keep int8 below the memory's pace (bench/RESULTS-gpu.md). 1.0's bits arrive
+as a kernel argument: as a literal, ptxas makes it the permute's immediate operand and rebuilds
+the byte selector in a register before every permute, a quarter more instructions in the loop.
 (Triton's CPU interpreter cannot run the inline PTX; there shifts and masks build the same
 bits.)
 """
@@ -201,13 +199,14 @@ def _row_gemv(
 
 
 def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
-    """(BN, BK, warps) for an N × K product, as measured on an H200 at the LLaMA-3-8B shapes.
+    """(BN, BK, warps) for an N × K product, the best measured on an H200 at the LLaMA-3-8B
+    shapes (bench/RESULTS-gpu.md).
 
     bf16: 4 rows a program, 8 warps, and wide loads (4,096 inputs; 2,048 for the 4,096-row
     products, whose 1,024 programs are few enough already) keep enough bytes in flight. Int8,
     whose widening is arithmetic: more rows a program share each input, with 4 warps and
-    narrower loads; the best of 20 tiles for each shape. (Splitting K across programs, the
-    last to finish summing the parts, measured slower for every shape, bf16 and int8.)"""
+    narrower loads. (Splitting K across programs, the last to finish summing the parts, was
+    slower for every shape, bf16 and int8.)"""
     if weight_bytes == 1:
         if k > 4096:
             return 8, 2048, 4

@@ -2,8 +2,8 @@
 of a decode step: gate/up (NORM in front, SWIGLU behind) and the output head (NORM in front).
 
 row_gemv.py widens int8 weights with a byte permute and an FMA each on the CUDA cores: at
-gate/up that arithmetic keeps the product under the memory's pace (3.7 TB/s of 4.3). Here the
-widening is exact and cheaper, and the multiply-adds go to the tensor cores:
+gate/up that arithmetic keeps the product under the memory's pace. Here the widening is exact
+and cheaper, and the multiply-adds go to the tensor cores:
 
 - A 32-bit word of four weights becomes four fp16 weights with one XOR, two byte permutes and
   two packed subtractions: each byte, its sign bit flipped (u = q + 128), is put under 1024's
@@ -19,17 +19,15 @@ widening is exact and cheaper, and the multiply-adds go to the tensor cores:
   e, h, s0, s1, q0, q1): a lane's weights of a row are then 16 bytes of memory in a row, and
   its inputs 16 halves in a row. Relabelling (reshape, permute) moves no data.
 - Weights are read coalesced, eight lanes reading 128 bytes of a row, and reach the mma layout
-  by a warp shuffle (one lane bit and one register bit trade places). Read straight in the mma
-  layout, 64 bytes of 8 rows an instruction, they measured slower (gate/up 31.8 against 31.2
-  µs, the head 129.7 against 121.2 at its best tile).
+  by a warp shuffle (one lane bit and one register bit trade places); read straight in the mma
+  layout (64 bytes of 8 rows an instruction) they were slower.
 - Two tiles are in flight per warp, both requested before the wait for the previous kernel
   (programmatic dependent launch, as row_gemv.py), and so is the norm weight; x is copied
   into shared memory asynchronously while the partial sums of squares are read.
 
-On an H200 at the LLaMA-3-8B shapes this took the int8 batch-1 engine from 393 / 391 to
-407 / 408 tok/s (two rounds in one process; bench/RESULTS-gpu.md). The other products stay
-on row_gemv.py: at QKV, O and down (few rows, or 14,336 inputs a row) the tensor-core kernel
-has too few warps to keep the memory busy and measured slower, in the engine as alone.
+The other products stay on row_gemv.py: at QKV, O and down (few rows, or 14,336 inputs a row)
+this kernel has too few warps to keep the memory busy. What each choice measured:
+bench/RESULTS-gpu.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """How many CPU threads each step's model work gets.
 
 A one-row decode step is hundreds of tiny ops; between their parallel regions a second OpenMP
-thread either sleeps and must be woken for the next (GOMP's default: the engine alone runs a
-SmolLM2 token ~20% slower than with spinning threads), or spins and takes the core that the
-tokenizer, scheduler and client need (`OMP_WAIT_POLICY=ACTIVE`: 28 tok/s through the pipeline).
-Giving the other processes lower priority (nice 19, SCHED_IDLE) changed nothing. So small decode
-steps leave a core to the other processes; batched steps and prefills, which the extra threads
-speed up nearly linearly, take them all. Measured through the pipeline on 2 cores (tok/s, one
-thread / two): 1 stream 47 / 35, 4 streams 104 / 102, 8 streams 101 / 136, 16 streams
-151 / 195.
+thread either sleeps and must be woken for the next (GOMP's default, slower than spinning), or
+spins and takes the core that the tokenizer, scheduler and client need (`OMP_WAIT_POLICY=ACTIVE`,
+far slower through the pipeline). Giving the other processes lower priority (nice 19,
+SCHED_IDLE) changed nothing. So small decode steps leave a core to the other processes; batched
+steps and prefills, which the extra threads speed up nearly linearly, take them all. The
+measurements behind the threshold: bench/RESULTS-cpu.md ("Threads per step").
 """
 
 from __future__ import annotations
