@@ -3,9 +3,8 @@
 `CodesLinear` stands in for `nn.Linear` (the model never knows) wherever the native kernels
 (engine/cpu_kernels.py) are built. Its matmul quantizes the activations to int8 per block of 32,
 as llama.cpp does, and multiplies them with the weight's codes in integers (AVX-512 VNNI).
-Measured on the 2-core AVX-512 machine against torch's int4 kernel (bf16 activations) on
-SmolLM2-135M's shapes: 3.5-4x faster from 1 to 64 rows; and faster than a bf16 copy of the
-weights in oneDNN's packed layout up to 512 rows, so no float copy is kept at all.
+It is faster than torch's int4 kernel and than a bf16 copy of the weights in oneDNN's packed
+layout at every batch a CPU serves (bench/RESULTS-cpu.md), so no float copy is kept at all.
 """
 
 from __future__ import annotations
