@@ -81,21 +81,40 @@ def flags_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], type]]:
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, env: Mapping[str, str]
 ) -> None:
-    for name, (f, kind) in flags_of(cls).items():
-        meta = f.metadata
-        default = _default(f, kind, env)
-        flag = "--" + name.replace("_", "-")
-        help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
-        if kind is bool:
-            parser.add_argument(
-                flag, dest=name, default=default, help=help_text,
-                action=argparse.BooleanOptionalAction,
-            )  # fmt: skip
-        else:
-            parser.add_argument(
-                flag, dest=name, default=default, type=kind, choices=meta["choices"],
-                help=help_text + ("" if default in (None, "") else f" [default: {default}]"),
-            )  # fmt: skip
+    """`cls`'s flags on `parser`; each section's in a group of its own name in --help."""
+    flags_of(cls)  # refuses two settings of one name
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if _is_section(kind):
+            group = parser
+            if isinstance(parser, argparse.ArgumentParser):
+                group = parser.add_argument_group(f.name)
+            add_flags(group, kind, env)
+        elif "help" in f.metadata:
+            _add_flag(parser, f, _scalar(kind), env)
+
+
+def _add_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    f: dataclasses.Field[Any],
+    kind: type,
+    env: Mapping[str, str],
+) -> None:
+    meta = f.metadata
+    default = _default(f, kind, env)
+    flag = "--" + f.name.replace("_", "-")
+    help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
+    if kind is bool:
+        parser.add_argument(
+            flag, dest=f.name, default=default, help=help_text,
+            action=argparse.BooleanOptionalAction,
+        )  # fmt: skip
+    else:
+        parser.add_argument(
+            flag, dest=f.name, default=default, type=kind, choices=meta["choices"],
+            help=help_text + ("" if default in (None, "") else f" [default: {default}]"),
+        )  # fmt: skip
 
 
 def _default(f: dataclasses.Field[Any], kind: type, env: Mapping[str, str]) -> Any:
