@@ -24,6 +24,8 @@ from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 
 WAIT_S = 60.0  # for a state the pipeline reaches within steps; a hang fails the test after it
+# For a process to start again (its model loaded): as long as the launcher lets it take.
+RESTART_S = 300.0
 
 
 @dataclass
@@ -81,12 +83,15 @@ async def scheduler_stats(address: str) -> spb.StatsResponse:
 
 
 async def stats_when(
-    address: str, ready: Callable[[spb.StatsResponse], bool], what: str
+    address: str,
+    ready: Callable[[spb.StatsResponse], bool],
+    what: str,
+    wait_s: float = WAIT_S,
 ) -> spb.StatsResponse:
     """The scheduler's stats once `ready` holds of them; TimeoutError naming `what` if never."""
     stats = None
     try:
-        async with asyncio.timeout(WAIT_S):
+        async with asyncio.timeout(wait_s):
             while True:
                 try:
                     stats = await scheduler_stats(address)
@@ -96,7 +101,7 @@ async def stats_when(
                     pass  # a scheduler that is restarting answers again shortly
                 await asyncio.sleep(0.05)
     except TimeoutError:
-        raise TimeoutError(f"waited {WAIT_S:.0f} s for {what}; last stats: {stats}") from None
+        raise TimeoutError(f"waited {wait_s:.0f} s for {what}; last stats: {stats}") from None
 
 
 def idle(stats: spb.StatsResponse) -> bool:

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.pipeline import Pipeline, pipeline, shm_names_of
 from tandem.v1 import generation_pb2 as pb
-from tests.e2e.client import WAIT_S, Streamed, greedy, idle, stats_when, stream
+from tests.e2e.client import RESTART_S, WAIT_S, Streamed, greedy, idle, stats_when, stream
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ async def under_load(
         asyncio.create_task(stream(address, long_request(i), on_reply=on_reply(i)))
         for i in range(n)
     ]
-    async with asyncio.timeout(WAIT_S):
+    async with asyncio.timeout(RESTART_S):  # a busy machine prefills 16 prompts slowly
         for event in started:
             await event.wait()
     kill()
@@ -66,7 +66,7 @@ async def under_load(
 
 async def until_served(address: str, request: pb.GenerateRequest) -> Streamed:
     """The first answer to `request` once the pipeline serves again (UNAVAILABLE meanwhile)."""
-    async with asyncio.timeout(WAIT_S):
+    async with asyncio.timeout(RESTART_S):
         while True:
             try:
                 return await stream(address, request)
@@ -79,7 +79,7 @@ async def until_served(address: str, request: pb.GenerateRequest) -> Streamed:
 async def serving(address: str) -> None:
     async with aio.insecure_channel(address) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(), timeout=WAIT_S, wait_for_ready=True
+            health_pb2.HealthCheckRequest(), timeout=RESTART_S, wait_for_ready=True
         )
         async for reply in watch:
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -114,6 +114,7 @@ def test_worker_killed_under_load(tmp_path: Path, transport: str) -> None:
                 served.scheduler_address,
                 lambda s: s.worker_ready and s.worker_restarts == 1,
                 "the worker to come back",
+                RESTART_S,
             )
             again = await until_served(served.address, PROBE)
             return again, await stats_when(served.scheduler_address, idle, "an idle pipeline")
