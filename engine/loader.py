@@ -18,7 +18,7 @@ from engine.gguf_file import open_gguf
 from engine.gguf_weights import GGUFWeights
 from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
-from engine.quant import Q4Blocks, int4_supported, quantize_int8
+from engine.quant import Int8Linear, Q4Blocks, int4_supported
 from engine.random_weights import SEED_KEY, RandomWeights, is_random
 from engine.weights import build_model
 
@@ -114,21 +114,22 @@ def load_model(
     total = sum(_numel(reader, n) for n in _names(reader)) * 4
     with _bar(total, path.name, progress) as bar:
         source = _Source(reader, dtype, bar, keep_q4, native)
-        model = build_model(config, source, device, rope_factors)
+        # int8 as each projection is built: the float model is never whole in memory.
+        linear = Int8Linear if quantize == "int8" else None
+        model = build_model(config, source, device, rope_factors, linear)
     kept = "native-codes" if native else "int4"
     if source.kept_q4 and native:
         gather_codes(model)
-    linear = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
+    linear_format = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
     if quantize == "int8":
-        quantize_int8(model)
-        linear = "int8"
+        linear_format = "int8"
     elif quantize in ("auto", "int4") and device.type == "cpu":
         # Projections that stayed float (all of them, for float files): packed once.
         packed_dtype = torch.bfloat16 if file_format.startswith("gguf:Q") else dtype
         if packing_supported(packed_dtype) and pack_linears(model, packed_dtype):
             packed = "packed-" + str(packed_dtype).removeprefix("torch.")
-            linear = f"{kept}+{packed}" if source.kept_q4 else packed
-    return LoadedModel(model, config, path, file_format, linear)
+            linear_format = f"{kept}+{packed}" if source.kept_q4 else packed
+    return LoadedModel(model, config, path, file_format, linear_format)
 
 
 def _names(reader: Reader) -> list[str]:
