@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import registry
 from engine.tokenizer import Tokenizer
@@ -19,6 +20,10 @@ from services.cli_args import (
     sampling_from_args,
 )
 
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.sampling_params import SamplingParams
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser(
@@ -30,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prompt_args(run)
     add_sampling_args(run)
     add_engine_args(run)
+    run.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="shard the model over this many ranks, a process each (torch.distributed: NCCL "
+        "and one GPU a rank on CUDA, gloo on CPU); default 1",
+    )
     run.set_defaults(func=_run)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
@@ -80,8 +92,9 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from engine.engine import Engine
-    from engine.generate import Generation, GenerationRequest, generate
+    import torch
+
+    from engine.rank_group import EngineArgs, start_engine
 
     sampling = sampling_from_args(args)
     model_path = registry.resolve(args.model, args.home)
@@ -92,9 +105,26 @@ def _run(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True, field="--prompt")
     else:
         prompt_ids = args.prompt_ids
-    engine = Engine.from_path(
-        model_path, args.device, dtype_for(args.device, args.dtype), quantize=args.quantize
-    )
+    ranks = args.tensor_parallel_size
+    if ranks > 1 and args.device == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads() // ranks))  # the cores, shared
+    dtype = dtype_for(args.device, args.dtype)
+    engine = start_engine(EngineArgs(model_path, args.device, dtype, quantize=args.quantize), ranks)
+    try:
+        return _generate(args, engine, tokenizer, prompt_ids, sampling)
+    finally:
+        engine.close()
+
+
+def _generate(
+    args: argparse.Namespace,
+    engine: Engine,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+) -> int:
+    from engine.generate import Generation, GenerationRequest, generate
+
     request = GenerationRequest(
         prompt_ids=prompt_ids,
         sampling=sampling,

@@ -174,3 +174,26 @@ def test_serve_passes_threads_to_the_worker_only_when_given(
     worker = next(spec for spec in _specs(args) if spec.name == "worker")
     given = worker.args[worker.args.index("--threads") + 1] if "--threads" in worker.args else None
     assert given == expected
+
+
+@pytest.mark.slow
+def test_run_over_two_ranks_matches_one(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path
+) -> None:
+    """Tensor parallelism over gloo, in fp32 with plain weights: the greedy tokens of TP=1.
+    (SmolLM2's 3 KV heads split 1 and 2 between the ranks.)"""
+    import torch
+
+    flags = ["--model", str(default_gguf), "--prompt", "The capital of France is",
+             "--max-tokens", "16", "--ignore-eos", "--json", "--device", "cpu",
+             "--dtype", "float32", "--quantize", "none"]  # fmt: skip
+    threads = torch.get_num_threads()  # `run` shares the cores among the ranks: put them back
+    try:
+        tokens = []
+        for ranks in ("1", "2"):
+            code, out, _ = run_cli(capsys, "run", *flags, "--tensor-parallel-size", ranks)
+            assert code == 0
+            tokens.append(json.loads(out)["token_ids"])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(tokens[0]) == 16 and tokens[1] == tokens[0]
