@@ -115,6 +115,12 @@ def products(engine: Engine, row_decoder: RowDecoder) -> dict[str, Callable[...,
     heads = torch.randn(1, c.q_dim, device="cuda", dtype=torch.bfloat16)
     hidden = torch.randn(1, c.ffn_dim, device="cuda", dtype=torch.bfloat16)
     blocks = model.blocks()
+    context = 640  # a batch-1 decode's RoPE, K/V store and attention, mid-way through the bench
+    qkv = torch.randn(1, c.n_heads + 2 * c.n_kv_heads, c.head_dim, device="cuda").bfloat16()
+    blocks_a_row = -(-c.max_seq_len // engine.block_size)
+    table = (torch.arange(blocks_a_row, device="cuda") % engine.num_kv_blocks)[None]  # (1, max)
+    ctx = torch.tensor([context], device="cuda")
+    slot = ctx - 1
 
     def w(module: Any) -> tuple[torch.Tensor, torch.Tensor]:
         assert isinstance(module, Int8Linear)
@@ -145,6 +151,19 @@ def products(engine: Engine, row_decoder: RowDecoder) -> dict[str, Callable[...,
             for b in blocks
         ],
         "down": lambda t: [residual(b.feed_forward.w2, hidden, t) for b in blocks],
+        "attention": lambda t: [
+            partial(
+                row_decoder.attention,
+                qkv,
+                model.inv_freq,
+                engine.kv.layer(i),
+                table,
+                ctx,
+                slot,
+                pdl=pdl,
+            )
+            for i in range(c.n_layers)
+        ],
         "head": lambda t: (
             8
             * [
@@ -212,7 +231,7 @@ def main() -> None:
         **{f"{k}_s": v for k, v in engine.start_times.items()},
     )
     roofline, roofline_all = bandwidth / read, bandwidth / wbytes
-    for label in ("first", "second"):
+    for label in ("first", "second", "third"):
         rate = batch1_decode(engine, 512, args.steps)
         report.row(
             f"70B int8 batch-1 decode, engine ({label})",
@@ -241,6 +260,10 @@ def main() -> None:
         except Exception as err:  # the rows above stand; say which product failed, go on
             report.row(f"70B int8 {name} product alone", 0.0, "GB/s", error=repr(err)[:300])
             continue
+        total += seconds * (1 if name == "head" else engine.config.n_layers)
+        if name == "attention":  # the context's K and V, bf16
+            report.row("70B int8 attention alone, context 640", seconds * 1e6, "us")
+            continue
         module = {
             "QKV": engine.model.blocks()[0].attention.wqkv,
             "O": engine.model.blocks()[0].attention.wo,
@@ -249,7 +272,6 @@ def main() -> None:
             "head": engine.model.output,
         }[name]
         nbytes = module.weight.numel() + 2 * module.scale.numel()
-        total += seconds * (1 if name == "head" else engine.config.n_layers)
         report.row(
             f"70B int8 {name} product alone",
             nbytes / seconds / 1e9,
@@ -258,7 +280,7 @@ def main() -> None:
             us=seconds * 1e6,
             shape=list(module.weight.shape),
         )
-    report.fact(products_step_ms=total * 1000)
+    report.fact(kernels_alone_step_ms=total * 1000)
 
     deadline = time.perf_counter() + args.sweep_seconds
     for name in ("QKV", "O", "down"):

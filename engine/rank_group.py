@@ -110,9 +110,11 @@ def start_engine(args: EngineArgs, tensor_parallel_size: int = 1) -> Engine:
         if args.warm_up_tokens is not None and engine.device.type == "cuda":
             engine.warm_up(args.warm_up_tokens)
     except BaseException as err:
-        group.close()
-        if not isinstance(err, EngineError):
-            group.check(err)  # a collective failed because a rank died: say which
+        try:
+            if not isinstance(err, EngineError):
+                group.check(err)  # a collective failed because a rank died: say which
+        finally:
+            group.close()
         raise
     return engine
 
@@ -172,9 +174,17 @@ class RankGroup:
         self.writer.put((RELEASE, seq_ids))
 
     def check(self, cause: BaseException | None = None) -> None:
+        """Raise RankGroupError if a rank has died. `cause`: what rank 0's call raised. An
+        EngineError (a bad request) is raised on every rank before any collective, and the
+        group goes on; anything else may have left rank 0 short of collectives the others are
+        waiting in, so the ranks are out of step for good (unless a dead rank explains it)."""
         if self.dead is None and cause is not None and not isinstance(cause, EngineError):
-            # A collective failed: if a rank died, its death is being noticed right now.
-            self.died.wait(timeout=2.0)
+            self.died.wait(timeout=2.0)  # a rank that just died is being noticed
+            if self.dead is None:
+                self.dead = (
+                    f"rank 0 failed mid-step ({type(cause).__name__}), leaving the other ranks "
+                    "out of step: close the group and start another"
+                )
         if self.dead is not None:
             raise RankGroupError(self.dead) from cause
 
@@ -184,8 +194,9 @@ class RankGroup:
             return
         self.closing = True
         if self.dead is None:
-            with contextlib.suppress(RankGroupError):  # one died just now: nothing to tell
-                self.writer.put((STOP, None))
+            # One that died just now, or is stuck, is not told: it is killed below.
+            with contextlib.suppress(RankGroupError, TimeoutError):
+                self.writer.put((STOP, None), STOP_GRACE_S)
         for process in self.followers:
             process.join(STOP_GRACE_S)
             if process.is_alive():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import time
 from collections.abc import Callable
 from multiprocessing.context import SpawnContext
 from typing import Any
@@ -55,13 +56,18 @@ class ChannelWriter:
         self.view = memoryview(channel.memory).cast("B")
         self.next = 0  # the slot the next chunk goes to
 
-    def put(self, message: Any) -> None:
+    def put(self, message: Any, timeout_s: float | None = None) -> None:
+        """Raises TimeoutError if a reader has not made room within timeout_s (None: wait as
+        long as the readers are alive)."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for start in range(0, max(len(data), 1), _CHUNK):
             chunk = data[start : start + _CHUNK]
             for free in self.channel.free:
                 while not free.acquire(timeout=TICK_S):
                     self.alive()
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(f"a reader made no room in {timeout_s} s")
             offset = self.next * SLOT_BYTES
             _HEADER.pack_into(self.view, offset, len(chunk), start + _CHUNK < len(data))
             body = offset + _HEADER.size
