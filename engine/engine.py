@@ -70,7 +70,8 @@ class Followers(Protocol):
     def send_release(self, seq_ids: list[Hashable]) -> None: ...
 
     def check(self, cause: BaseException | None = None) -> None:
-        """Raise RankGroupError if a rank has died (`cause`: what failed, if something did)."""
+        """Raise RankGroupError if the group cannot step: a rank has died, or `cause` (what
+        rank 0's step raised) may have left the ranks out of step."""
         ...
 
     def close(self) -> None: ...

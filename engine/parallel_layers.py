@@ -59,7 +59,11 @@ class VocabParallelHead(nn.Module):
 def parallelize(model: Transformer, tp: TensorParallel, vocab_start: int, vocab_size: int) -> None:
     """Wrap a rank's model (its weights already sliced) in the collectives above, in place."""
     for block in model.blocks():
-        block.attention.wo = RowParallel(block.attention.wo, tp)
-        block.feed_forward.w2 = RowParallel(block.feed_forward.w2, tp)
-    model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, vocab_start, tp)
-    model.output = VocabParallelHead(model.output, vocab_size, tp)
+        for owner, name in ((block.attention, "wo"), (block.feed_forward, "w2")):
+            setattr(owner, name, RowParallel(getattr(owner, name), tp))
+    swaps = {
+        "tok_embeddings": VocabParallelEmbedding(model.tok_embeddings, vocab_start, tp),
+        "output": VocabParallelHead(model.output, vocab_size, tp),
+    }
+    for name, module in swaps.items():
+        setattr(model, name, module)

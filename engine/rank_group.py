@@ -211,7 +211,7 @@ class RankGroup:
         ready = wait(list(sentinels))
         if self.closing:
             return
-        rank, process = sentinels[ready[0]]
+        rank, process = next(who for sentinel, who in sentinels.items() if sentinel in ready)
         process.join()
         self.dead = (
             f"tensor-parallel rank {rank} of {len(self.followers) + 1} (pid {process.pid}) "
