@@ -33,6 +33,14 @@ from typing import Any
 
 import torch
 
+from bench.gpu_measure import (
+    batch1_decode,
+    copy_bandwidth,
+    graph_only,
+    matmul_rate,
+    random_prompt,
+    weight_bytes,
+)
 from bench.pipeline import through_pipeline
 from bench.serving import run_workload, summarize_steps, workload_floor
 from engine import registry
@@ -87,99 +95,6 @@ def row(
     print(f"{case:<34} {system:<26} {value:>10.1f} {unit:<8} {shown}", flush=True)
 
 
-def timed(fn: Any, repeats: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1000 / repeats
-
-
-def copy_bandwidth() -> float:
-    """Bytes read + written per second by a device-to-device copy of 4 GiB."""
-    src = torch.empty(1 << 32, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    seconds = timed(lambda: dst.copy_(src))
-    return 2 * (1 << 32) / seconds
-
-
-def matmul_rate() -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    seconds = timed(lambda: a @ b)
-    return 2 * 8192**3 / seconds
-
-
-def weight_bytes(engine: Engine) -> int:
-    total = sum(t.numel() * t.element_size() for t in engine.model.parameters())
-    total += sum(
-        t.numel() * t.element_size() for n, t in engine.model.named_buffers() if n != "inv_freq"
-    )
-    if engine.model.output.weight is engine.model.tok_embeddings.weight:
-        total += engine.model.output.weight.numel() * engine.model.output.weight.element_size()
-    return total
-
-
-def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def batch1_decode(engine: Engine, prompt_len: int, steps: int) -> float:
-    ids = random_prompt(prompt_len, engine.config.vocab_size, 1)
-    table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
-    token = engine.step([SeqInput("b1", ids, 0, table)])[0].token_id
-    times = []
-    for i in range(steps):
-        start = time.perf_counter()
-        token = engine.step([SeqInput("b1", [token], prompt_len + i, table)])[0].token_id
-        times.append(time.perf_counter() - start)
-    engine.release(["b1"])
-    times.sort()
-    return 1 / times[len(times) // 2]
-
-
-def ttft(engine: Engine, prompt_len: int, repeats: int = 5) -> list[float]:
-    """Seconds from the step's call to its token on the host, `repeats` times, sorted."""
-    ids = random_prompt(prompt_len, engine.config.vocab_size, 2)
-    table = list(range(-(-prompt_len // engine.block_size)))
-    engine.step([SeqInput("warm", ids, 0, table)])
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        engine.step([SeqInput("t", ids, 0, table)])  # one host sync inside: the token is back
-        times.append(time.perf_counter() - start)
-    return sorted(times)
-
-
-def decode_steps(engine: Engine, n: int, context: int, steps: int) -> float:
-    """Tokens/s of decode steps alone with n sequences at `context` tokens: the step the step
-    roofline describes, without the prefills and scheduling of a whole workload around it."""
-    blocks = -(-(context + steps + 1) // engine.block_size)
-    seqs = [(f"s{i}", list(range(i * blocks, (i + 1) * blocks))) for i in range(n)]
-    for first in range(0, n, 8):  # prefill in groups: bounded activations
-        engine.step(
-            [
-                SeqInput(seq_id, random_prompt(context, engine.config.vocab_size, 200 + i), 0, t)
-                for i, (seq_id, t) in enumerate(seqs[first : first + 8], start=first)
-            ]
-        )
-    tokens = [1] * n
-    times = []
-    for step in range(steps):
-        batch = [SeqInput(s, [tokens[i]], context + step, t) for i, (s, t) in enumerate(seqs)]
-        start = time.perf_counter()
-        tokens = [o.token_id for o in engine.step(batch)]  # one host sync inside
-        times.append(time.perf_counter() - start)
-    engine.release(s for s, _ in seqs)
-    times.sort()
-    return n / times[len(times) // 2]
-
-
 def hf_model(path: Path, engine_config: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -219,20 +134,42 @@ def free() -> None:
     torch.cuda.empty_cache()
 
 
-def graph_only(engine: Engine, prompt_len: int, steps: int) -> float:
-    """Batch-1 decode steps of the captured graph alone: no sampling, no Python around it."""
-    graphs = engine.graphs
-    if graphs is None:
-        return 0.0
-    ids = random_prompt(prompt_len, engine.config.vocab_size, 3)
-    table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
-    engine.step([SeqInput("g", ids, 0, table)])
-    engine.step([SeqInput("g", [1], prompt_len, table)])  # the bucket's rows hold this step
-    engine._ahead = None
-    graph, _ = graphs.graphs[1]
-    seconds = timed(graph.replay, steps)
-    engine.release(["g"])
-    return 1 / seconds
+def ttft(engine: Engine, prompt_len: int, repeats: int = 5) -> list[float]:
+    """Seconds from the step's call to its token on the host, `repeats` times, sorted."""
+    ids = random_prompt(prompt_len, engine.config.vocab_size, 2)
+    table = list(range(-(-prompt_len // engine.block_size)))
+    engine.step([SeqInput("warm", ids, 0, table)])
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step([SeqInput("t", ids, 0, table)])  # one host sync inside: the token is back
+        times.append(time.perf_counter() - start)
+    return sorted(times)
+
+
+def decode_steps(engine: Engine, n: int, context: int, steps: int) -> float:
+    """Tokens/s of decode steps alone with n sequences at `context` tokens: the step the step
+    roofline describes, without the prefills and scheduling of a whole workload around it."""
+    blocks = -(-(context + steps + 1) // engine.block_size)
+    seqs = [(f"s{i}", list(range(i * blocks, (i + 1) * blocks))) for i in range(n)]
+    for first in range(0, n, 8):  # prefill in groups: bounded activations
+        engine.step(
+            [
+                SeqInput(seq_id, random_prompt(context, engine.config.vocab_size, 200 + i), 0, t)
+                for i, (seq_id, t) in enumerate(seqs[first : first + 8], start=first)
+            ]
+        )
+    tokens = [1] * n
+    times = []
+    for step in range(steps):
+        batch = [SeqInput(s, [tokens[i]], context + step, t) for i, (s, t) in enumerate(seqs)]
+        start = time.perf_counter()
+        tokens = [o.token_id for o in engine.step(batch)]  # one host sync inside
+        times.append(time.perf_counter() - start)
+    engine.release(s for s, _ in seqs)
+    times.sort()
+    return n / times[len(times) // 2]
 
 
 def measure_8b(

@@ -44,8 +44,11 @@ class DecodeGraphs:
         kv: KVCache,
         dummy_block: int,
         max_batch: int,
+        vocab_size: int,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     ) -> None:
+        """vocab_size: the logits' width (on a tensor-parallel rank, the whole vocabulary's;
+        model.config is the rank's slice)."""
         config = model.config
         self.model, self.kv, self.dummy_block = model, kv, dummy_block
         self.block_size = kv.block_size
@@ -76,7 +79,7 @@ class DecodeGraphs:
         )
         # The batch-1 bucket through fused kernels where the model's weights allow.
         self.row = RowDecoder.for_model(model, kv)
-        self.greedy = GreedyPicks(biggest, config.vocab_size, device)
+        self.greedy = GreedyPicks(biggest, vocab_size, device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, GraphOutputs]] = {}
         for turn in range(2):
             self._fill_padding(turn, 0, biggest)

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from engine.kv_cache import KVCache
 from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
 from engine.sampling import Sampler
+from engine.tensor_parallel import SINGLE, TensorParallel, rank_device
 from engine.warm_up import representative_batches, warm_up_batches
 
 if TYPE_CHECKING:  # imports Triton: only on CUDA
@@ -60,6 +61,26 @@ def parse_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class Followers(Protocol):
+    """The other ranks of a tensor-parallel group, as rank 0's engine drives them
+    (engine/rank_group.py): every step and release goes to them before rank 0 runs it."""
+
+    def send_step(self, batch: Sequence[SeqInput]) -> None: ...
+
+    def send_release(self, seq_ids: list[Hashable]) -> None: ...
+
+    def check(self, cause: BaseException | None = None) -> None:
+        """Raise RankGroupError if the group cannot step: a rank has died, or `cause` (what
+        rank 0's step raised) may have left the ranks out of step."""
+        ...
+
+    def wait_lost(self) -> str:
+        """Block until a rank has died; what RankGroupError would say."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Engine:
     def __init__(
         self,
@@ -71,7 +92,9 @@ class Engine:
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
+        # The whole model's shape (vocabulary, context); model.config is this rank's slice.
         self.config: ModelConfig = loaded.config
+        local = self.model.config
         self.device = next(self.model.buffers()).device
         self.dtype = self.model.norm.weight.dtype
         self._num_blocks = num_kv_blocks
@@ -80,15 +103,19 @@ class Engine:
         # On CUDA one extra block, outside what the scheduler may hand out, takes the writes of
         # padding rows in captured decode graphs.
         total = num_kv_blocks + 1 if on_cuda else num_kv_blocks
-        self.kv = KVCache(self.config, total, block_size, self.dtype, self.device)
+        self.kv = KVCache(local, total, block_size, self.dtype, self.device)
         self.sampler = Sampler()
         self._histories: dict[Hashable, list[int]] = {}  # only for sequences with penalties
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
         self.decode_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
         # A one-sequence decode step replayed before it was asked for (cuda_graphs.replay_next);
-        # `replay_ahead` False turns that off (benchmarks compare the two).
-        self.replay_ahead = True
+        # `replay_ahead` False turns that off (benchmarks compare the two). Off on a
+        # tensor-parallel rank: whether a replay matches the next step depends on the token
+        # sampled, and unseeded sampling differs between ranks, whose collectives must not.
+        self.replay_ahead = not loaded.tp.sharded
+        # On rank 0 of a tensor-parallel group: the other ranks, mirroring every step.
+        self.followers: Followers | None = None
         # Greedy rows take the token the graph picked (kernels/greedy.py); False samples them
         # outside the graph like any other row (benchmarks compare the two).
         self.greedy_in_graph = True
@@ -100,18 +127,19 @@ class Engine:
             from engine.cuda_graphs import DecodeGraphs
             from engine.kernels.paged_decode import PagedDecode
 
-            c = self.config
             self.decode_kernel = PagedDecode(
                 max_num_seqs,
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim,
+                local.n_heads,
+                local.n_kv_heads,
+                local.head_dim,
                 block_size,
-                c.max_seq_len,
+                local.max_seq_len,
                 self.device,
             )
             if cuda_graphs:
-                self.graphs = DecodeGraphs(self.model, self.kv, num_kv_blocks, max_num_seqs)
+                self.graphs = DecodeGraphs(
+                    self.model, self.kv, num_kv_blocks, max_num_seqs, self.config.vocab_size
+                )
         elif cpu_kernels.usable(self.kv.pool) and self.config.head_dim in cpu_kernels.HEAD_DIMS:
             self.decode_kernel = cpu_kernels.PagedDecode(block_size)
         fits = NativeDecoder.fits(self.model, self.decode_kernel)
@@ -132,22 +160,28 @@ class Engine:
         cuda_graphs: bool = True,
         gpu_memory_fraction: float = 0.9,
         warm_up_tokens: int | None = 2048,
+        tp: TensorParallel = SINGLE,
     ) -> Engine:
         """kv_cache_bytes 0 sizes the KV cache on CUDA from what the weights leave of
         `gpu_memory_fraction` of the card (activations and graphs get a fixed reserve).
         On CUDA the engine is warmed up (`warm_up`) for steps of up to `warm_up_tokens` new
-        tokens (the scheduler's step budget); None skips that."""
+        tokens (the scheduler's step budget); None skips that. With `tp`, this rank's shard
+        (on CUDA on the device `device` + rank), with as many KV blocks as every rank has room
+        for; a group is started by engine/rank_group.py, which warms it up once all follow."""
         started = time.perf_counter()
         torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
-        loaded = load_model(path, torch_device, torch_dtype, progress, quantize)
+        torch_device = rank_device(torch_device, tp.rank)
+        loaded = load_model(path, torch_device, torch_dtype, progress, quantize, tp)
         load_s = time.perf_counter() - started
-        per_block = KVCache.bytes_per_block(loaded.config, block_size, torch_dtype)
+        # kv_cache_bytes is each rank's: a rank's blocks hold its KV heads only.
+        per_block = KVCache.bytes_per_block(loaded.model.config, block_size, torch_dtype)
         if kv_cache_bytes == 0 and torch_device.type == "cuda":
             kv_cache_bytes = _free_cuda_bytes(
                 torch_device, gpu_memory_fraction, loaded.config, max_num_seqs
             )
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
+        blocks = tp.min(blocks)  # block ids mean the same on every rank: one count for all
         engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs)
         engine.start_times["load"] = load_s
         if warm_up_tokens is not None and torch_device.type == "cuda":
@@ -189,8 +223,23 @@ class Engine:
 
     def release(self, seq_ids: Iterable[Hashable]) -> None:
         """Forget per-sequence state of finished sequences (their blocks are the caller's)."""
-        for seq_id in seq_ids:
+        ids = list(seq_ids)
+        if self.followers is not None:
+            self.followers.send_release(ids)
+        for seq_id in ids:
             self._histories.pop(seq_id, None)
+
+    def wait_lost(self) -> str | None:
+        """Block until a rank of this engine's group dies, and say which (None at once without
+        a group): an owner that must not wait for its next step to find out calls this."""
+        followers = self.followers
+        return None if followers is None else followers.wait_lost()
+
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel group (nothing to do on one process)."""
+        followers, self.followers = self.followers, None
+        if followers is not None:
+            followers.close()
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[SeqInput]) -> torch.Tensor:
@@ -219,9 +268,25 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
-        """One forward for all of `batch`; one output per sequence that asked to sample."""
+        """One forward for all of `batch`; one output per sequence that asked to sample. On
+        rank 0 of a tensor-parallel group every rank runs it; a dead rank raises
+        RankGroupError (engine/rank_group.py), now and at every later step."""
         if not batch:
             return []
+        followers = self.followers
+        if followers is None:
+            return self._step(batch)
+        followers.send_step(batch)
+        try:
+            outputs = self._step(batch)
+        except Exception as err:
+            followers.check(err)  # a dead rank is why: say that instead
+            raise
+        # On NCCL a dead rank's collectives are aborted and return whatever they held.
+        followers.check()
+        return outputs
+
+    def _step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
         ahead, self._ahead = self._ahead, None
         graphed = self._graph_outputs(batch, ahead)  # a decode-only batch, through its graph
         hidden = self.forward(batch) if graphed is None else None  # (T, dim)

@@ -23,3 +23,8 @@ class InvalidRequest(EngineError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class RankGroupError(EngineError):
+    """A rank of a tensor-parallel group died or could not start: the group cannot step again
+    and must be started afresh (engine/rank_group.py)."""

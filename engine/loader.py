@@ -18,9 +18,12 @@ from engine.gguf_file import open_gguf
 from engine.gguf_weights import GGUFWeights
 from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
-from engine.quant import Q4Blocks, int4_supported, quantize_int8
+from engine.parallel_layers import parallelize
+from engine.quant import Int8Linear, Q4Blocks, int4_supported
 from engine.random_weights import RandomWeights, is_random
 from engine.registry import SEED_KEY
+from engine.shard import ShardedSource, ShardPlan
+from engine.tensor_parallel import SINGLE, TensorParallel
 from engine.weights import build_model
 
 QUANTIZE_MODES = ("auto", "int4", "none", "int8")
@@ -36,6 +39,7 @@ class LoadedModel:
     # How the projections are served: "native-codes" (the GGUF's codes, native CPU kernel),
     # "int4" (torch's int4 kernel), "int8", or a dtype's name; "packed-" for oneDNN's layout.
     linear_format: str
+    tp: TensorParallel = SINGLE  # the group whose slice this is (model.config: the slice's shape)
 
 
 class _Source:
@@ -78,6 +82,7 @@ def load_model(
     dtype: torch.dtype,
     progress: bool = True,
     quantize: str = "auto",
+    tp: TensorParallel = SINGLE,
 ) -> LoadedModel:
     """quantize: "auto" is the fastest measured choice for the device: on CPU a GGUF's
     Q4_0/Q4_1/Q8_0 projections stay quantized, served by the native kernel where it is built
@@ -85,7 +90,9 @@ def load_model(
     (CPU) serves the kept codes through torch's int4 kernel (bf16 activations: closer to fp32,
     slower) for steps of few rows, beside a bf16 copy in oneDNN's packed layout for larger ones.
     "none" dequantizes everything to `dtype` as plain `nn.Linear`s; "int8" serves every
-    projection as weight-only int8 with per-channel scales."""
+    projection as weight-only int8 with per-channel scales. With `tp` sharded, this rank's slice
+    of every weight (engine/shard.py), wrapped in the collectives (engine/parallel_layers.py);
+    LoadedModel.config stays the whole model's, the model's own config is the rank's."""
     if quantize not in QUANTIZE_MODES:
         raise InvalidRequest("quantize", f"unknown mode {quantize!r}; choose {QUANTIZE_MODES}")
     if path.is_dir():
@@ -115,21 +122,28 @@ def load_model(
     total = sum(_numel(reader, n) for n in _names(reader)) * 4
     with _bar(total, path.name, progress) as bar:
         source = _Source(reader, dtype, bar, keep_q4, native)
-        model = build_model(config, source, device, rope_factors)
+        # int8 as each projection is built: the float model is never whole in memory.
+        linear = Int8Linear if quantize == "int8" else None
+        if tp.sharded:
+            plan = ShardPlan.for_model(config, tp.rank, tp.world_size)
+            sharded = ShardedSource(source, plan)
+            model = build_model(plan.local_config(config), sharded, device, rope_factors, linear)
+            parallelize(model, tp, plan.vocab[0], config.vocab_size)
+        else:
+            model = build_model(config, source, device, rope_factors, linear)
     kept = "native-codes" if native else "int4"
     if source.kept_q4 and native:
         gather_codes(model)
-    linear = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
+    linear_format = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
     if quantize == "int8":
-        quantize_int8(model)
-        linear = "int8"
+        linear_format = "int8"
     elif quantize in ("auto", "int4") and device.type == "cpu":
         # Projections that stayed float (all of them, for float files): packed once.
         packed_dtype = torch.bfloat16 if file_format.startswith("gguf:Q") else dtype
         if packing_supported(packed_dtype) and pack_linears(model, packed_dtype):
             packed = "packed-" + str(packed_dtype).removeprefix("torch.")
-            linear = f"{kept}+{packed}" if source.kept_q4 else packed
-    return LoadedModel(model, config, path, file_format, linear)
+            linear_format = f"{kept}+{packed}" if source.kept_q4 else packed
+    return LoadedModel(model, config, path, file_format, linear_format, tp)
 
 
 def _names(reader: Reader) -> list[str]:

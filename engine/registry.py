@@ -120,6 +120,19 @@ RANDOM_MODELS = {
             },
         ),
         RandomModel(
+            name="llama3-70b-random",
+            description="LLaMA-3-70B shapes (80 layers, 8192 wide, GQA 64/8), random weights",
+            config={
+                **_LLAMA3,
+                "hidden_size": 8192,
+                "intermediate_size": 28672,
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "max_position_embeddings": 8192,
+            },
+        ),
+        RandomModel(
             name="llama3-tiny-random",
             description="a 2-layer model with the LLaMA-3 vocabulary and random weights (tests)",
             config={
@@ -153,9 +166,15 @@ def fetch_any(model: NamedModel | RandomModel, home: Path, quiet: bool = False) 
     target = folder / "tokenizer.model"
     if not target.is_file() or sha256_of(target) != REGISTRY["llama3"].file.sha256:
         shutil.copyfile(tokenizer, target)
+    write_random_config(model, folder)
+    return folder
+
+
+def write_random_config(model: RandomModel, folder: Path) -> None:
+    """The folder's config.json, all a random model's weights follow from (the tokenizer is
+    only for text; a benchmark on a machine that cannot fetch it needs just this)."""
     config = {**model.config, SEED_KEY: model.seed, "_name_or_path": model.name}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:

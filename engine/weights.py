@@ -5,13 +5,18 @@ rotate-half order; `build_model` fuses Q/K/V and gate/up and attaches everything
 `assign=True`, so no memory is spent on random initialisation. Projections whose GGUF blocks are
 4-bit (or Q8_0) may stay quantized: their `nn.Linear` is swapped for a `CodesLinear` (the native
 CPU kernel, where it is built) or an `Int4Linear` (torch's int4 kernel) the model never knows of.
+Float projections may be swapped as they are built (`linear`, e.g. weight-only int8): each
+weight is converted while it alone is in memory, so a model whose float weights would not fit
+the device (LLaMA-3-70B's 141 GB on one H200) loads straight into its quantized form.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from engine.codes_linear import CodesLinear
 from engine.config import ModelConfig
@@ -52,19 +57,25 @@ def build_model(
     source: WeightSource,
     device: torch.device,
     rope_freq_factors: torch.Tensor | None = None,
+    linear: Callable[[torch.Tensor], nn.Module] | None = None,
 ) -> Transformer:
+    """linear: what a float projection (out, in) on `device` becomes; None keeps `nn.Linear`."""
     with torch.device("meta"):
         model = Transformer(config)
     state = {"tok_embeddings.weight": source.get("model.embed_tokens.weight")}
-    swapped: dict[str, CodesLinear | Int4Linear] = {}
+    swapped: dict[str, nn.Module] = {}
     for i in range(config.n_layers):
         for path, parts in PROJECTIONS.items():
             names = [f"model.layers.{i}.{part}.weight" for part in parts]
             int4 = _fused_int4([source.get_int4(name) for name in names], source.native_codes)
             if int4 is not None:
                 swapped[f"layers.{i}.{path}"] = int4
+                continue
+            weight = torch.cat([source.get(n) for n in names])
+            if linear is not None:
+                swapped[f"layers.{i}.{path}"] = linear(weight.to(device))
             else:
-                state[f"layers.{i}.{path}.weight"] = torch.cat([source.get(n) for n in names])
+                state[f"layers.{i}.{path}.weight"] = weight
         for ours, theirs in NORMS.items():
             state[f"layers.{i}.{ours}.weight"] = source.get(f"model.layers.{i}.{theirs}.weight")
     state["norm.weight"] = source.get("model.norm.weight")
@@ -76,6 +87,9 @@ def build_model(
     output = _fused_int4([source.get_int4(head)], source.native_codes)
     if output is not None:
         swapped["output"] = output  # tied or not, the embedding lookup keeps its float table
+    elif linear is not None:
+        table = source.get(head) if head == "lm_head.weight" else state["tok_embeddings.weight"]
+        swapped["output"] = linear(table.to(device))
     elif head == "lm_head.weight":
         state["output.weight"] = source.get(head)
     else:
@@ -89,7 +103,7 @@ def build_model(
             expected.out_features,
             expected.in_features,
         ):
-            raise ModelFormatError(f"4-bit weight {path} does not match the config's shape")
+            raise ModelFormatError(f"weight {path} does not match the config's shape")
         setattr(parent_module, name, module.to(device))
     missing, unexpected = model.load_state_dict(
         {k: v.to(device) for k, v in state.items()}, assign=True, strict=False

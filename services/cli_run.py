@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import registry
 from engine.errors import EngineError
@@ -15,6 +16,10 @@ from engine.tokenizer import Tokenizer
 from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
 from services.settings import add_flags, build
 from services.worker.config import EngineSettings
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.sampling_params import SamplingParams
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,8 +82,9 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from engine.engine import Engine
-    from engine.generate import Generation, GenerationRequest, generate
+    import torch
+
+    from engine.rank_group import start_engine
     from engine.sampling_params import SamplingParams
 
     sampling = SamplingParams(**sampling_from_args(args))
@@ -91,16 +97,25 @@ def _run(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True, field="--prompt")
     else:
         prompt_ids = args.prompt_ids
-    engine = Engine.from_path(
-        model_path,
-        e.device,
-        e.resolved_dtype,
-        e.kv_cache_mb << 20,
-        e.block_size,
-        quantize=e.quantize,
-        cuda_graphs=not e.enforce_eager,
-        gpu_memory_fraction=e.gpu_memory_fraction,
-    )
+    ranks = e.tensor_parallel_size
+    if ranks > 1 and e.device == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads() // ranks))  # the cores, shared
+    engine = start_engine(e.engine_args(model_path), ranks)
+    try:
+        return _generate(args, engine, tokenizer, prompt_ids, sampling)
+    finally:
+        engine.close()
+
+
+def _generate(
+    args: argparse.Namespace,
+    engine: Engine,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+) -> int:
+    from engine.generate import Generation, GenerationRequest, generate
+
     request = GenerationRequest(
         prompt_ids=prompt_ids,
         sampling=sampling,

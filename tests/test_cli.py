@@ -214,3 +214,26 @@ def test_a_bad_setting_is_named(tmp_path: Path) -> None:
         parse_serve(["--config", str(file)])
     with pytest.raises(ValueError, match="tokenizers"):
         parse_serve(["--tokenizers", "0"])
+
+
+@pytest.mark.slow
+def test_run_over_two_ranks_matches_one(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path
+) -> None:
+    """Tensor parallelism over gloo, in fp32 with plain weights: the greedy tokens of TP=1.
+    (SmolLM2's 3 KV heads split 1 and 2 between the ranks.)"""
+    import torch
+
+    flags = ["--model", str(default_gguf), "--prompt", "The capital of France is",
+             "--max-tokens", "16", "--ignore-eos", "--json", "--device", "cpu",
+             "--dtype", "float32", "--quantize", "none"]  # fmt: skip
+    threads = torch.get_num_threads()  # `run` shares the cores among the ranks: put them back
+    try:
+        tokens = []
+        for ranks in ("1", "2"):
+            code, out, _ = run_cli(capsys, "run", *flags, "--tensor-parallel-size", ranks)
+            assert code == 0
+            tokens.append(json.loads(out)["token_ids"])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(tokens[0]) == 16 and tokens[1] == tokens[0]

@@ -5,12 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.process import Service, main, run_service, settings_of
 from services.telemetry.tracing import Tracing
 from services.worker.config import WorkerConfig
+from services.worker.runner import EXIT_RANK_GROUP_LOST
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
 
 log = logging.getLogger("tandem.worker")
 
@@ -24,7 +30,7 @@ async def serve(config: WorkerConfig) -> int:
         import torch
 
         from engine import registry
-        from engine.engine import Engine
+        from engine.rank_group import start_engine
         from services.worker.metrics import WorkerMetrics
         from services.worker.service import WorkerServicer
         from services.worker.telemetry import WorkerTelemetry
@@ -34,21 +40,15 @@ async def serve(config: WorkerConfig) -> int:
 
         e, model = config.engine, config.model
         threads = e.threads or os.cpu_count() or 1
+        if e.tensor_parallel_size > 1 and e.device == "cpu":
+            threads = max(1, threads // e.tensor_parallel_size)  # the cores, shared by the ranks
         torch.set_num_threads(threads)
         metrics = WorkerMetrics(model.model)
-        engine = Engine.from_path(
-            registry.resolve(model.model, Path(model.home).expanduser()),
-            e.device,
-            e.resolved_dtype,
-            e.kv_cache_mb << 20,
-            e.block_size,
-            progress=False,
-            quantize=e.quantize,
-            max_num_seqs=config.max_num_seqs,
-            cuda_graphs=not e.enforce_eager,
-            warm_up_tokens=config.max_num_batched_tokens,
-            gpu_memory_fraction=e.gpu_memory_fraction,
-        )
+        path = registry.resolve(model.model, Path(model.home).expanduser())
+        args = e.engine_args(path, config.max_num_seqs, config.max_num_batched_tokens)
+        engine = start_engine(args, e.tensor_parallel_size)
+        if e.tensor_parallel_size > 1:
+            threading.Thread(target=_exit_when_lost, args=(engine,), daemon=True).start()
         log.info(
             "serving %s (%d KV blocks of %d; projections as %s)",
             model.model,
@@ -65,6 +65,7 @@ async def serve(config: WorkerConfig) -> int:
         async def stop() -> None:
             servicer.stop_loop()
             reader.close()
+            engine.close()
 
         return Service(
             register=lambda s: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, s),
@@ -75,6 +76,16 @@ async def serve(config: WorkerConfig) -> int:
         )
 
     return await run_service("worker", config.address, config.telemetry, build)
+
+
+def _exit_when_lost(engine: Engine) -> None:
+    """A rank of the group died: the worker exits now, not at its next step, so the launcher (or
+    the container's restart policy) starts it, and with it the whole group, again."""
+    why = engine.wait_lost()
+    if why is not None:
+        log.critical("%s; the worker exits", why)
+        engine.close()
+        os._exit(EXIT_RANK_GROUP_LOST)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import registry
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
+
+if TYPE_CHECKING:
+    from engine.rank_group import EngineArgs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto", "int4", "int8", "none")
@@ -46,6 +51,11 @@ class EngineSettings:
         "CPU threads for batched steps and prefills (0: all cores; small decode steps leave "
         "one core to the other processes)",
     )
+    tensor_parallel_size: int = flag(
+        1,
+        "shard the model over this many ranks, a process each (torch.distributed: NCCL and one "
+        "GPU a rank on CUDA, gloo on CPU); the KV cache size is per rank",
+    )
     gpu_memory_fraction: float = flag(0.9, "share of the GPU for weights, activations and KV cache")
 
     def __post_init__(self) -> None:
@@ -57,6 +67,8 @@ class EngineSettings:
             )
         if self.threads < 0:
             raise ValueError("threads must be >= 0")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be at least 1")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
 
@@ -65,6 +77,26 @@ class EngineSettings:
         if self.dtype != "auto":
             return self.dtype
         return "bfloat16" if self.device.startswith("cuda") else "float32"
+
+    def engine_args(
+        self, path: Path, max_num_seqs: int = 256, warm_up_tokens: int = 2048
+    ) -> EngineArgs:
+        """What every rank of the engine loads from (engine/rank_group.py)."""
+        from engine.rank_group import EngineArgs  # torch, only where a model is loaded
+
+        return EngineArgs(
+            path,
+            self.device,
+            self.resolved_dtype,
+            self.kv_cache_mb << 20,
+            self.block_size,
+            self.quantize,
+            max_num_seqs,
+            not self.enforce_eager,
+            self.gpu_memory_fraction,
+            warm_up_tokens,
+            progress=False,
+        )
 
 
 @dataclass(frozen=True)

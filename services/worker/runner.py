@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -10,7 +12,7 @@ import torch
 
 from engine.batch import SeqInput
 from engine.engine import Engine
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, RankGroupError
 from engine.sampling_params import SamplingParams
 from services.protocol import PLACEHOLDER, sampling_from_pb
 from services.worker.telemetry import WorkerTelemetry
@@ -19,6 +21,9 @@ from shm.errors import ShmError
 from shm.handle import Handle
 from shm.reader import Reader
 from tandem.internal.v1 import hotpath_pb2 as hp
+
+log = logging.getLogger(__name__)
+EXIT_RANK_GROUP_LOST = 3
 
 
 @dataclass
@@ -59,6 +64,13 @@ class StepRunner:
         start_ns, started = time.time_ns(), time.perf_counter()
         try:
             outcome = self._run(desc)
+        except RankGroupError as err:
+            # A rank of the group died: no step can run again. The worker exits at once, so the
+            # scheduler fails what was in flight and the launcher (or the container's restart
+            # policy) starts the worker, and with it the whole group, again.
+            log.critical("%s; the worker exits", err)
+            self.engine.close()
+            os._exit(EXIT_RANK_GROUP_LOST)
         except BaseException as err:
             self.telemetry.record(desc, None, start_ns, time.perf_counter() - started, err)
             self.telemetry.flush()

@@ -1,0 +1,85 @@
+"""What the GPU benchmarks measure with, in one place: the device's ceilings (a copy's bandwidth,
+a matmul's rate), an engine's weight bytes, and batch-1 decode through the engine and through its
+captured graph alone. Imports engine code only, so a benchmark built on it runs on a GPU image
+without the services' packages (bench/gpu_70b.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from engine.batch import SeqInput
+from engine.engine import Engine
+
+
+def timed(fn: Any, repeats: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000 / repeats
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a device-to-device copy of 4 GiB."""
+    src = torch.empty(1 << 32, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src))
+    return 2 * (1 << 32) / seconds
+
+
+def matmul_rate() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    seconds = timed(lambda: a @ b)
+    return 2 * 8192**3 / seconds
+
+
+def weight_bytes(engine: Engine) -> int:
+    total = sum(t.numel() * t.element_size() for t in engine.model.parameters())
+    total += sum(
+        t.numel() * t.element_size() for n, t in engine.model.named_buffers() if n != "inv_freq"
+    )
+    if engine.model.output.weight is engine.model.tok_embeddings.weight:
+        total += engine.model.output.weight.numel() * engine.model.output.weight.element_size()
+    return total
+
+
+def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def batch1_decode(engine: Engine, prompt_len: int, steps: int) -> float:
+    ids = random_prompt(prompt_len, engine.config.vocab_size, 1)
+    table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
+    token = engine.step([SeqInput("b1", ids, 0, table)])[0].token_id
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        token = engine.step([SeqInput("b1", [token], prompt_len + i, table)])[0].token_id
+        times.append(time.perf_counter() - start)
+    engine.release(["b1"])
+    times.sort()
+    return 1 / times[len(times) // 2]
+
+
+def graph_only(engine: Engine, prompt_len: int, steps: int) -> float:
+    """Batch-1 decode steps of the captured graph alone: no sampling, no Python around it."""
+    graphs = engine.graphs
+    if graphs is None:
+        return 0.0
+    ids = random_prompt(prompt_len, engine.config.vocab_size, 3)
+    table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
+    engine.step([SeqInput("g", ids, 0, table)])
+    engine.step([SeqInput("g", [1], prompt_len, table)])  # the bucket's rows hold this step
+    engine._ahead = None
+    graph, _ = graphs.graphs[1]
+    seconds = timed(graph.replay, steps)
+    engine.release(["g"])
+    return 1 / seconds
