@@ -207,3 +207,55 @@ def test_a_crash_during_start_up_is_recovered(tmp_path: Path, when: str, victim:
             asyncio.run(serving(served.latest(name).address))
         assert f"{victim} exited" in served.log() or f"{victim} was killed" in served.log()
     assert not shm_names_of([p for ps in served.child_pids().values() for p in ps])
+
+
+def test_a_killed_rank_restarts_the_tensor_parallel_group(tmp_path: Path) -> None:
+    """A worker of two ranks: one killed ends the worker, the launcher starts the whole group
+    again, and the next request is served."""
+    with pipeline(tmp_path, "--tensor-parallel-size", "2") as served:
+        killed_rank(served)
+
+
+def follower_ranks(worker_pid: int) -> list[int]:
+    """The worker's rank processes (multiprocessing's spawned children; not its helpers)."""
+    out = []
+    for task in os.listdir(f"/proc/{worker_pid}/task"):
+        children = Path(f"/proc/{worker_pid}/task/{task}/children").read_text().split()
+        for child in children:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(int(child))
+    return out
+
+
+def killed_rank(served: Pipeline) -> None:
+    worker = served.latest("worker").pid
+    (rank,) = follower_ranks(worker)
+
+    async def scenario() -> tuple[BaseException | Streamed, Streamed]:
+        started = asyncio.Event()
+        request = greedy(text="Tell a long story:", max_tokens=4000, ignore_eos=True)
+        running = asyncio.create_task(
+            stream(served.address, request, on_reply=lambda s: s.token_ids and started.set())
+        )
+        async with asyncio.timeout(RESTART_S):
+            await started.wait()
+        os.kill(rank, signal.SIGKILL)
+        ended = await asyncio.wait_for(
+            asyncio.gather(running, return_exceptions=True), timeout=RESTART_S
+        )
+        await stats_when(
+            served.scheduler_address,
+            lambda s: s.worker_ready and s.worker_restarts == 1,
+            "the worker group to come back",
+            RESTART_S,
+        )
+        again = await until_served(served.address, greedy(text="Back?", max_tokens=4))
+        await stats_when(served.scheduler_address, idle, "an idle pipeline")
+        return ended[0], again
+
+    ended, again = asyncio.run(scenario())
+    assert isinstance(ended, aio.AioRpcError) and ended.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(again.token_ids) == 4
+    assert served.latest("worker").pid != worker  # the launcher started the worker again
+    assert len(follower_ranks(served.latest("worker").pid)) == 1
+    assert not shm_names_of([worker, rank])

@@ -5,7 +5,8 @@ this process.
 Sampling runs through the worker as it is (seeds, temperature, top-p/k, penalties, logprobs), so
 a request alone in its steps must give exactly the engine's tokens. Batched with others, fp32
 rounds a little differently; a pick may then differ only where the engine's two best were
-within NEAR_TIE nats of each other, a thousand times what fp32 batching changes.
+within NEAR_TIE nats of each other, a thousand times what fp32 batching changes. Every claim
+is made of a single-process worker and of one of two tensor-parallel ranks.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ FP32 = ("--dtype", "float32", "--quantize", "none")
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    with pipeline(tmp_path_factory.mktemp("exact"), "--max-num-seqs", "32", *FP32) as running:
+# The same claims hold of a worker of two tensor-parallel ranks (gloo): only the order of the
+# all-reduce's sums differs from the engine alone.
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def served(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Pipeline]:
+    flags = ("--max-num-seqs", "32", "--tensor-parallel-size", str(request.param), *FP32)
+    with pipeline(tmp_path_factory.mktemp("exact"), *flags) as running:
         yield running
 
 
