@@ -1,8 +1,8 @@
 """A process's settings: one frozen dataclass whose fields define its flags and its config file.
 
-A field with `setting(...)` metadata is a flag, `--field-name`; a field whose type is itself such
-a dataclass contributes its own fields (flattened), so `tandem serve` is made of the settings of
-the processes it starts. Values come from, in order of precedence: the command line, the
+A field made by `flag(...)` is a flag, `--field-name`; a field whose type is itself such a
+dataclass (a section) contributes its own fields, flattened, so `tandem serve` is made of the
+settings of the processes it starts. Values come from, in order of precedence: the command line, the
 `--config FILE` (YAML or JSON, keys as the flags' names with - or _, nested sections or flat),
 the environment variable a field names, and the field's default. The environment is read here,
 once, from what `parse` is given; nothing below a process's `__main__` reads it.
@@ -24,16 +24,6 @@ import yaml
 T = TypeVar("T")
 
 
-def setting(
-    help: str,
-    *,
-    env: str | None = None,
-    choices: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """Field metadata that makes a field a flag: `field(default=..., metadata=setting(...))`."""
-    return {"help": help, "env": env, "choices": choices}
-
-
 def flag(
     default: T,
     help: str,
@@ -42,9 +32,8 @@ def flag(
     choices: Sequence[str] | None = None,
 ) -> T:
     """A settings field: `max_num_seqs: int = flag(256, "sequences per step")`."""
-    return cast(
-        T, dataclasses.field(default=default, metadata=setting(help, env=env, choices=choices))
-    )
+    metadata = {"help": help, "env": env, "choices": choices}
+    return cast(T, dataclasses.field(default=default, metadata=metadata))
 
 
 def _hints(cls: type) -> dict[str, Any]:
