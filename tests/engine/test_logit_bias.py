@@ -79,7 +79,9 @@ def test_engine_min_tokens_delays_the_end_of_a_chat_turn(default_gguf: Path) -> 
 
     plain = run(SamplingParams(temperature=0), 120)
     assert plain[-1] in eos, "the reference turn should end by itself"
-    held = run(SamplingParams(temperature=0, min_tokens=len(plain) + 3, stop_token_ids=eos), len(plain) + 8)
+    held = run(
+        SamplingParams(temperature=0, min_tokens=len(plain) + 3, stop_token_ids=eos), len(plain) + 8
+    )
     assert len(held) >= len(plain) + 3
     assert not set(held[: len(plain) + 3]) & set(eos)
     assert held[: len(plain) - 1] == plain[:-1]  # the same text up to where it would have ended

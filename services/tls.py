@@ -1,0 +1,66 @@
+"""TLS settings of a door (the public edge, or an internal port reached across hosts), and what
+grpc and uvicorn are given from them.
+
+The names are vLLM's: `--ssl-certfile` and `--ssl-keyfile` are the server's certificate and
+key; `--ssl-ca-certs` is the CA whose certificates clients must present (mutual TLS) and, on
+an internal channel to another host, the CA that signed that host's certificate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from services.settings import flag
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    ssl_certfile: str = flag("", "TLS certificate (PEM) of the public HTTP and gRPC ports")
+    ssl_keyfile: str = flag("", "its private key (PEM)")
+    ssl_ca_certs: str = flag(
+        "", "CA certificates (PEM): clients must present a certificate that one of them signed"
+    )
+
+    def __post_init__(self) -> None:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("TLS needs both --ssl-certfile and --ssl-keyfile")
+        if self.ssl_ca_certs and not self.ssl_certfile:
+            raise ValueError("--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile")
+        for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+            path = getattr(self, name)
+            if path and not Path(path).expanduser().is_file():
+                raise ValueError(f"{name}: no such file {path}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ssl_certfile)
+
+    def _read(self, path: str) -> bytes | None:
+        return Path(path).expanduser().read_bytes() if path else None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        key, cert = self._read(self.ssl_keyfile), self._read(self.ssl_certfile)
+        ca = self._read(self.ssl_ca_certs)
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """For a channel to another host's internal port: its CA, and this door's certificate
+        as the client's (the peer may require one)."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self._read(self.ssl_ca_certs),
+            private_key=self._read(self.ssl_keyfile),
+            certificate_chain=self._read(self.ssl_certfile),
+        )
+
+    def secures(self, address: str) -> bool:
+        """Whether a channel to `address` takes TLS: only with settings, and only off loopback
+        (the internal ports of one host stay plaintext on loopback)."""
+        host = address.rsplit(":", 1)[0]
+        return self.enabled and host not in LOOPBACK
