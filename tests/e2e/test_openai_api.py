@@ -245,3 +245,7 @@ def test_min_tokens_and_logit_bias_through_grpc(grpc_client: Client) -> None:
         messages=CHAT, max_tokens=3, temperature=0, logit_bias={first: -100.0}
     )
     assert banned.token_ids[0] != first
+
+
+def test_without_a_key_the_server_says_it_is_open(served: Pipeline) -> None:
+    assert "the API is open to anyone who can reach 127.0.0.1" in served.log()
