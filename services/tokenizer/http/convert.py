@@ -133,10 +133,11 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
     if body.min_tokens is not None and body.min_tokens < 0:
         raise InvalidRequest("min_tokens", f"must be >= 0, got {body.min_tokens}")
     s = request.sampling
+    if body.top_k is not None:
+        s.top_k = max(body.top_k, 0)  # vLLM's -1 is our 0: off
     for name in (
         "temperature",
         "top_p",
-        "top_k",
         "min_p",
         "frequency_penalty",
         "presence_penalty",

@@ -14,7 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
-TokenIds = list[Int32]
+TokenIds = list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+TokenIdText = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]
+Bias = Annotated[float, Field(ge=-100, le=100)]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class _Request(BaseModel):
@@ -37,7 +43,7 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: str  # system, developer (as system), user, assistant or tool
+    role: Role  # developer is OpenAI's newer name for system
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # refused when not empty
@@ -48,19 +54,19 @@ class _Sampling(_Request):
     """What chat and completions requests share: sampling, stops, and tandem's extensions."""
 
     model: str | None = None  # the served model; None or "" takes it
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int32 | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # 0 or -1 (vLLM's): off
+    min_p: Probability | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
     seed: Seed | None = None
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
-    n: Int32 | None = None
-    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
-    min_tokens: Int32 | None = None
+    n: Annotated[int, Field(ge=1, le=16)] | None = None  # sequences from each prompt
+    logit_bias: dict[TokenIdText, Bias] | None = None  # token id (as a string) -> its bias
+    min_tokens: Count | None = None
     ignore_eos: bool | None = None
     priority: Int32 | None = None  # higher runs first (tandem's order; vLLM's is the reverse)
     session_id: str | None = None  # keeps a conversation's KV cached for its next turn
@@ -71,11 +77,11 @@ class _Sampling(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage]
-    max_tokens: Int32 | None = None
-    max_completion_tokens: Int32 | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     logprobs: bool | None = None
-    top_logprobs: Int32 | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None  # refused unless {"type": "text"}
     tools: list[dict[str, Any]] | None = None  # refused when not empty
     tool_choice: str | dict[str, Any] | None = None  # refused unless "none"
@@ -90,8 +96,8 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: Int32 | None = 16  # OpenAI's default for completions
-    logprobs: Int32 | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = 16  # OpenAI's default
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = None  # refused when true
     suffix: str | None = None  # refused
 
