@@ -8,6 +8,7 @@ an internal channel to another host, the CA that signed that host's certificate.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,12 +16,12 @@ import grpc
 
 from services.settings import flag
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-
 
 @dataclass(frozen=True)
 class TlsSettings:
-    ssl_certfile: str = flag("", "TLS certificate (PEM) of the public HTTP and gRPC ports")
+    ssl_certfile: str = flag(
+        "", "TLS certificate (PEM) of the public HTTP and gRPC ports (of this process's port)"
+    )
     ssl_keyfile: str = flag("", "its private key (PEM)")
     ssl_ca_certs: str = flag(
         "", "CA certificates (PEM): clients must present a certificate that one of them signed"
@@ -62,5 +63,13 @@ class TlsSettings:
     def secures(self, address: str) -> bool:
         """Whether a channel to `address` takes TLS: only with settings, and only off loopback
         (the internal ports of one host stay plaintext on loopback)."""
-        host = address.rsplit(":", 1)[0]
-        return self.enabled and host not in LOOPBACK
+        return self.enabled and not is_loopback(address.rsplit(":", 1)[0].strip("[]"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -28,7 +28,11 @@ async def serve(config: SchedulerProcessConfig) -> int:
         metrics = SchedulerMetrics()
         reader = Reader()
         loop = StepLoop(
-            WorkerLink(config.worker, config.transport == "shm"),
+            WorkerLink(
+                config.worker,
+                config.transport == "shm",
+                config.tls.channel_credentials() if config.tls.secures(config.worker) else None,
+            ),
             Routes(),
             lambda model: config.scheduler_config(
                 model.num_kv_blocks, model.block_size, model.max_seq_len
@@ -47,6 +51,7 @@ async def serve(config: SchedulerProcessConfig) -> int:
             metrics=metrics.registry,
             start=loop.start,
             stop=stop,
+            tls=config.tls,
         )
 
     return await run_service("scheduler", config.address, config.telemetry, build)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
+from services.tls import TlsSettings
 
 
 def _s(default: object, help: str) -> object:
@@ -141,6 +142,8 @@ class SchedulerProcessConfig:
     )
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # Across hosts: TLS on this port, and on the channel to a worker on another host.
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     @property
     def address(self) -> str:

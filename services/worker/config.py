@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine import registry
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
+from services.tls import TlsSettings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto", "int4", "int8", "none")
@@ -78,6 +79,7 @@ class WorkerConfig:
     )
     engine: EngineSettings = field(default_factory=EngineSettings)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    tls: TlsSettings = field(default_factory=TlsSettings)  # on this port, across hosts
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
