@@ -1,0 +1,148 @@
+"""tandem's OpenAI-compatible HTTP API under a standard load generator, beside llama.cpp's
+server, and tandem's HTTP API against its gRPC API: the tables of bench/RESULTS-openai.md.
+
+    python -m bench.openai_compare --llama-server /tmp/peers/llama-server-build/bin/llama-server \\
+        --guidellm /tmp/loadgen-venv/bin/guidellm --processor /tmp/smollm2-tokenizer
+
+1. `tandem serve` (defaults, the default model) starts; `tandem bench` sends one workload to its
+   gRPC API and to its HTTP API in turn, `--rounds` times (a new seed each round, so no prompt
+   is found in the prefix cache), 16 streams: HTTP's output tok/s ÷ gRPC's.
+2. guidellm, unmodified from PyPI in a venv of its own (`--guidellm`), runs the same workload
+   against tandem's HTTP API, then against llama.cpp's `llama-server` serving the same GGUF
+   (`-t 2 -np 16 -cb -c 8192`, as bench/RESULTS-cpu.md). `--processor` is a Hugging Face
+   tokenizer folder of the model (guidellm counts prompt tokens with it); one can be written
+   from the GGUF with transformers: AutoTokenizer.from_pretrained(dir, gguf_file=...)
+   .save_pretrained(folder).
+
+Servers run one at a time: on a shared 2-core machine two servers would slow each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from engine import registry
+from harness.pipeline import pipeline
+from services.bench.config import BenchConfig, Target
+from services.bench.metrics import summarize
+from services.bench.runner import run
+from services.launcher import free_port
+
+WAIT_S = 300.0
+
+
+def http_vs_grpc(grpc: str, http: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rounds = []
+    for r in range(args.rounds):
+        config = BenchConfig(
+            targets=(Target("tandem", grpc), Target("openai", http)),
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            ignore_eos=True,
+            concurrency=args.concurrency,
+            num_requests=args.num_requests,
+            warmup=2,
+            seed=7100 + r,
+            progress=False,
+        )
+        runs = asyncio.run(run(config))
+        out = {}
+        for target_run in runs:
+            (summary, *_) = summarize(target_run.measured, target_run.window)
+            out[target_run.target.backend] = summary.to_json()
+        grpc_tps = out["tandem"]["output_throughput"]
+        http_tps = out["openai"]["output_throughput"]
+        print(f"round {r}: gRPC {grpc_tps:.1f} tok/s, HTTP {http_tps:.1f} tok/s", flush=True)
+        rounds.append(out)
+    return rounds
+
+
+def guidellm(url: str, model: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One guidellm run, as a user would type it; its own JSON report, read back."""
+    data = f"prompt_tokens={args.prompt_len},output_tokens={args.output_len}"
+    cmd = [
+        args.guidellm, "benchmark", "run",
+        "--target", url,
+        "--model", model,
+        "--processor", args.processor,
+        "--data", data,
+        "--profile", "concurrent",
+        "--rate", str(args.concurrency),
+        "--max-requests", str(args.num_requests),
+        "--warmup", "0.05",
+        "--random-seed", "7",
+        "--output-path", str(out),
+    ]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
+    return dict(json.loads(out.read_text()))
+
+
+def wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)  # a process we started and cannot await: poll its health, bounded
+    raise TimeoutError(f"{url} not healthy within {WAIT_S:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--llama-server", required=True)
+    parser.add_argument("--guidellm", default="guidellm")
+    parser.add_argument("--processor", required=True, help="a tokenizer folder of the model")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--num-requests", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=Path("bench/RESULTS-openai.json"))
+    args = parser.parse_args(argv)
+    home = Path("~/.cache/tandem").expanduser()
+    gguf = registry.fetch(registry.lookup(registry.DEFAULT_MODEL), home, quiet=True)
+    results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        with pipeline(work) as served:
+            root = served.http_url.removesuffix("/v1")
+            results["http_vs_grpc"] = http_vs_grpc(served.address, root, args)
+            model = registry.DEFAULT_MODEL
+            results["guidellm_tandem"] = guidellm(root, model, args, work / "tandem.json")
+        port = free_port()
+        llama = subprocess.Popen(
+            [
+                args.llama_server, "-m", str(gguf), "-t", "2", "-np", "16", "-cb",
+                "-c", "8192", "--host", "127.0.0.1", "--port", str(port),
+            ],  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=(work / "llama.log").open("w"),
+        )
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}/health")
+            results["guidellm_llama"] = guidellm(
+                f"http://127.0.0.1:{port}", gguf.name, args, work / "llama.json"
+            )
+        finally:
+            llama.terminate()
+            llama.wait(timeout=60)
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"results: {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
