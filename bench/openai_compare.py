@@ -68,19 +68,17 @@ def http_vs_grpc(grpc: str, http: str, args: argparse.Namespace) -> list[dict[st
 
 def guidellm(url: str, model: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One guidellm run, as a user would type it; its own JSON report, read back."""
-    data = f"prompt_tokens={args.prompt_len},output_tokens={args.output_len}"
+    data = f"kind=synthetic_text,prompt_tokens={args.prompt_len},output_tokens={args.output_len}"
     cmd = [
-        args.guidellm, "benchmark", "run",
-        "--target", url,
-        "--model", model,
-        "--processor", args.processor,
+        args.guidellm, "run",
+        "--backend", f"kind=openai_http,target={url},model={model}",
+        "--profile", f"kind=concurrent,streams={args.concurrency}",
+        "--constraint", f"kind=max_requests,count={args.num_requests}",
         "--data", data,
-        "--profile", "concurrent",
-        "--rate", str(args.concurrency),
-        "--max-requests", str(args.num_requests),
-        "--warmup", "0.05",
-        "--random-seed", "7",
-        "--output-path", str(out),
+        "--tokenizer", f"kind=huggingface_auto,model={args.processor}",
+        "--seed", "kind=static,value=7",
+        "--output", f"kind=json,path={out}",
+        "--disable-console-interactive",
     ]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
@@ -123,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
             model = registry.DEFAULT_MODEL
             results["guidellm_tandem"] = guidellm(root, model, args, work / "tandem.json")
         port = free_port()
+        llama_cmd = [
+            args.llama_server, "-m", str(gguf), "-t", "2", "-np", "16", "-cb",
+            "-c", "8192", "--host", "127.0.0.1", "--port", str(port),
+        ]  # fmt: skip
         llama = subprocess.Popen(
-            [
-                args.llama_server, "-m", str(gguf), "-t", "2", "-np", "16", "-cb",
-                "-c", "8192", "--host", "127.0.0.1", "--port", str(port),
-            ],  # fmt: skip
+            llama_cmd,
             stdout=subprocess.DEVNULL,
             stderr=(work / "llama.log").open("w"),
         )

@@ -159,7 +159,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
         plan = chat_plan(body, request_id, a.model_name)
         out = ChatOutput(
             a.tokenizer, f"chatcmpl-{request_id}", a.model_name, plan.n, plan.top_logprobs,
-            plan.include_usage,
+            plan.include_usage, plan.continuous_usage,
         )  # fmt: skip
         return await serve(request, plan, out, CHAT)
 
@@ -169,7 +169,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
         plan = completion_plan(body, request_id, a.model_name)
         out = CompletionOutput(
             a.tokenizer, f"cmpl-{request_id}", a.model_name, plan.n, plan.top_logprobs,
-            plan.include_usage,
+            plan.include_usage, plan.continuous_usage,
         )  # fmt: skip
         return await serve(request, plan, out, COMPLETIONS)
 
@@ -179,7 +179,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
         specs = [parse_generate(r, a.model_name, vocab, context) for r in plan.requests]
         generations = Generations(a, specs, request.headers.items(), route)
         try:
-            await until_disconnected(request, generations.start())
+            out.on_prompts(await until_disconnected(request, generations.start()))
         except BaseException:
             await generations.aclose()
             raise

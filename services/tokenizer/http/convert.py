@@ -23,6 +23,7 @@ class Plan:
     n: int  # sequences per prompt: choice index = prompt * n + sequence
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # the usage so far in every chunk (vLLM's continuous_usage_stats)
     top_logprobs: int | None  # alternatives per token to return; None: no logprobs
 
 
@@ -97,6 +98,7 @@ def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) 
         n=requests[0].n or 1,
         stream=bool(body.stream),
         include_usage=bool(options and options.include_usage),
+        continuous_usage=bool(options and options.continuous_usage_stats),
         top_logprobs=top,
     )
 

@@ -45,10 +45,10 @@ class Generations:
         ]
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
-        """Each call up to its first message (its prompt's ids): refusals are raised here."""
-        for stream in self._streams:
-            await anext(stream)
+    async def start(self) -> list[pb.GenerateResponse]:
+        """Each call up to its first message (its prompt's ids), which it returns: refusals
+        are raised here."""
+        return [(await anext(stream))[1] for stream in self._streams]
 
     def __aiter__(self) -> AsyncIterator[tuple[int, pb.GenerateResponse]]:
         if len(self._streams) == 1:

@@ -45,6 +45,7 @@ class Output:
         n: int,
         top_logprobs: int | None,
         include_usage: bool,
+        continuous_usage: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.id = response_id
@@ -53,6 +54,8 @@ class Output:
         self.n = n
         self.top = top_logprobs
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.generated = 0  # tokens so far, every choice
         self.choices: dict[int, _Choice] = {}
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
 
@@ -62,12 +65,16 @@ class Output:
             choice = self.choices[index] = _Choice()
         return choice
 
+    def on_prompts(self, headers: list[pb.GenerateResponse]) -> None:
+        """The first message of each prompt's call: its prompt's ids."""
+        self.prompt_tokens = sum(len(h.prompt_token_ids) for h in headers)
+
     def _count(self, index: int, msg: pb.GenerateResponse) -> None:
+        self.generated += len(msg.token_ids)
         if not msg.finish_reason:
             return
         self.completion_tokens += msg.usage.completion_tokens
         if index % self.n == 0:  # once per prompt
-            self.prompt_tokens += msg.usage.prompt_tokens
             self.cached_tokens += msg.usage.cached_prompt_tokens
 
     def usage(self) -> dict[str, Any]:
@@ -76,6 +83,13 @@ class Output:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+    def usage_so_far(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.generated,
+            "total_tokens": self.prompt_tokens + self.generated,
         }
 
     def _token(self, token_id: int) -> tuple[str, bytes]:
@@ -91,6 +105,8 @@ class Output:
             "choices": choices,
         }
         if self.include_usage:
+            if usage is None and self.continuous_usage:
+                usage = self.usage_so_far()
             chunk["usage"] = usage
         return sse(chunk)
 

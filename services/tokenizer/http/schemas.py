@@ -29,6 +29,7 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool | None = None  # a last chunk with the usage, before [DONE]
+    continuous_usage_stats: bool | None = None  # vLLM's: every chunk carries the usage so far
 
 
 class ResponseFormat(BaseModel):
