@@ -85,6 +85,64 @@ def guidellm(url: str, model: str, args: argparse.Namespace, out: Path) -> dict[
     return dict(json.loads(out.read_text()))
 
 
+def figures(report: dict[str, Any]) -> dict[str, float]:
+    """What the table shows of a guidellm report: its own figures, as its console prints them."""
+    (benchmark,) = report["benchmarks"]
+    m = benchmark["metrics"]
+
+    def stat(name: str, key: str) -> float:
+        s = m[name]["successful"]
+        return float(s["percentiles"][key] if key.startswith("p") else s[key])
+
+    return {
+        "ok": float(m["request_totals"]["successful"]),
+        "errored": float(m["request_totals"]["errored"]),
+        "output_tok_s": stat("output_tokens_per_second", "mean"),
+        "ttft_p50_ms": stat("time_to_first_token_ms", "median"),
+        "ttft_p99_ms": stat("time_to_first_token_ms", "p99"),
+        "itl_p50_ms": stat("inter_token_latency_ms", "median"),
+        "itl_p99_ms": stat("inter_token_latency_ms", "p99"),
+        "latency_p50_s": stat("request_latency", "median"),
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    t, llama = results["guidellm"]["tandem"], results["guidellm"]["llama.cpp"]
+    rows = [
+        ("requests ok / errored", "ok", "errored", None),
+        ("output tok/s", "output_tok_s", None, "ratio"),
+        ("TTFT p50 (ms)", "ttft_p50_ms", None, None),
+        ("TTFT p99 (ms)", "ttft_p99_ms", None, None),
+        ("ITL p50 (ms)", "itl_p50_ms", None, None),
+        ("ITL p99 (ms)", "itl_p99_ms", None, None),
+        ("request latency p50 (s)", "latency_p50_s", None, None),
+    ]
+    lines = [
+        "| guidellm | tandem (HTTP) | llama.cpp | tandem ÷ llama.cpp |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key, second, ratio in rows:
+        if second:
+            a, b = f"{t[key]:.0f} / {t[second]:.0f}", f"{llama[key]:.0f} / {llama[second]:.0f}"
+        else:
+            a, b = f"{t[key]:.1f}", f"{llama[key]:.1f}"
+        r = f"{t[key] / llama[key]:.2f}" if ratio and llama[key] else ""
+        lines.append(f"| {label} | {a} | {b} | {r} |")
+    grpc = [r["tandem"]["output_throughput"] for r in results["http_vs_grpc"]]
+    http = [r["openai"]["output_throughput"] for r in results["http_vs_grpc"]]
+    lines += [
+        "",
+        "| tandem bench, 16 streams | gRPC | HTTP | HTTP ÷ gRPC |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| round {i + 1}: output tok/s | {g:.1f} | {h:.1f} | {h / g:.3f} |"
+            for i, (g, h) in enumerate(zip(grpc, http, strict=True))
+        ),
+        f"| total | {sum(grpc):.1f} | {sum(http):.1f} | {sum(http) / sum(grpc):.3f} |",
+    ]
+    return "\n".join(lines)
+
+
 def wait_healthy(url: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -119,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             root = served.http_url.removesuffix("/v1")
             results["http_vs_grpc"] = http_vs_grpc(served.address, root, args)
             model = registry.DEFAULT_MODEL
-            results["guidellm_tandem"] = guidellm(root, model, args, work / "tandem.json")
+            report = guidellm(root, model, args, work / "tandem.json")
+            results["guidellm"] = {"tandem": figures(report)}
+            results["guidellm_version"] = report["metadata"].get("guidellm_version", "")
         port = free_port()
         llama_cmd = [
             args.llama_server, "-m", str(gguf), "-t", "2", "-np", "16", "-cb",
@@ -132,13 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             wait_healthy(f"http://127.0.0.1:{port}/health")
-            results["guidellm_llama"] = guidellm(
-                f"http://127.0.0.1:{port}", gguf.name, args, work / "llama.json"
-            )
+            report = guidellm(f"http://127.0.0.1:{port}", gguf.name, args, work / "llama.json")
+            results["guidellm"]["llama.cpp"] = figures(report)
         finally:
             llama.terminate()
             llama.wait(timeout=60)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
     print(f"results: {args.json}", file=sys.stderr)
     return 0
 

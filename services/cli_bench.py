@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     target.add_argument(
         "--api-key",
-        default=os.environ.get("TANDEM_API_KEY"),
+        default=os.environ.get("TANDEM_API_KEY", "").split(",")[0] or None,
         help="sent to every target as a Bearer token (default: $TANDEM_API_KEY)",
     )
     target.add_argument(

@@ -64,8 +64,8 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
     """--api-key and TLS: what a client needs to reach a server started with them."""
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("TANDEM_API_KEY"),
-        help="sent as `authorization: Bearer KEY` (default: $TANDEM_API_KEY)",
+        default=os.environ.get("TANDEM_API_KEY", "").split(",")[0] or None,
+        help="sent as `authorization: Bearer KEY` (default: $TANDEM_API_KEY, its first key)",
     )
     parser.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
     parser.add_argument("--ssl-ca-certs", help="TLS, trusting this CA file (PEM)")
