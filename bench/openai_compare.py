@@ -41,24 +41,29 @@ WAIT_S = 300.0
 
 
 def http_vs_grpc(grpc: str, http: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each round runs both APIs, in alternating order, each with prompts of its own seed: a
+    prompt the other API sent first would be found in the prefix cache."""
     rounds = []
     for r in range(args.rounds):
-        config = BenchConfig(
-            targets=(Target("tandem", grpc), Target("openai", http)),
-            prompt_len=args.prompt_len,
-            output_len=args.output_len,
-            ignore_eos=True,
-            concurrency=args.concurrency,
-            num_requests=args.num_requests,
-            warmup=2,
-            seed=7100 + r,
-            progress=False,
-        )
-        runs = asyncio.run(run(config))
+        targets = [Target("tandem", grpc), Target("openai", http)]
+        if r % 2:
+            targets.reverse()
         out = {}
-        for target_run in runs:
+        for i, target in enumerate(targets):
+            config = BenchConfig(
+                targets=(target,),
+                prompt_len=args.prompt_len,
+                output_len=args.output_len,
+                ignore_eos=True,
+                concurrency=args.concurrency,
+                num_requests=args.num_requests,
+                warmup=2,
+                seed=7100 + 2 * r + i,
+                progress=False,
+            )
+            (target_run,) = asyncio.run(run(config))
             (summary, *_) = summarize(target_run.measured, target_run.window)
-            out[target_run.target.backend] = summary.to_json()
+            out[target.backend] = summary.to_json()
         grpc_tps = out["tandem"]["output_throughput"]
         http_tps = out["openai"]["output_throughput"]
         print(f"round {r}: gRPC {grpc_tps:.1f} tok/s, HTTP {http_tps:.1f} tok/s", flush=True)
@@ -167,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench/RESULTS-openai.json"))
+    parser.add_argument(
+        "--only-http-vs-grpc", action="store_true", help="skip guidellm and llama.cpp"
+    )
     args = parser.parse_args(argv)
     home = Path("~/.cache/tandem").expanduser()
     gguf = registry.fetch(registry.lookup(registry.DEFAULT_MODEL), home, quiet=True)
@@ -176,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         with pipeline(work) as served:
             root = served.http_url.removesuffix("/v1")
             results["http_vs_grpc"] = http_vs_grpc(served.address, root, args)
+            if args.only_http_vs_grpc:
+                print(json.dumps(results["http_vs_grpc"], indent=1))
+                return 0
             model = registry.DEFAULT_MODEL
             report = guidellm(root, model, args, work / "tandem.json")
             results["guidellm"] = {"tandem": figures(report)}
