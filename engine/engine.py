@@ -50,7 +50,7 @@ def _free_cuda_bytes(
 def _plain_greedy(seq: SeqInput) -> bool:
     """Its token is the argmax of the model's logits, and only it and its logprob are asked for."""
     p = seq.sampling
-    return p.greedy and not p.uses_penalties and p.logprobs == 0
+    return p.greedy and not p.adjusts_logits and p.logprobs == 0
 
 
 def parse_device(name: str) -> torch.device:
@@ -318,6 +318,7 @@ class Engine:
                 [s.sampling for s in seqs],
                 [s.start_pos + len(s.token_ids) for s in seqs],
                 [histories[i] for i in sampled],
+                [s.prompt_len for s in seqs],
             )
             packed, tokens, n_top = out.packed(), out.token_ids, out.n_top
         # One sequence decoding through a graph: replay its next step while the host is busy.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.errors import InvalidRequest
 from engine.sampling_params import SamplingParams
 
 
@@ -68,12 +69,15 @@ class Sampler:
         params: Sequence[SamplingParams],
         positions: Sequence[int],
         histories: Sequence[tuple[list[int], int] | None],
+        prompt_lens: Sequence[int] | None = None,
     ) -> SampledBatch:
         """logits: (S, V) fp32. positions[i]: where row i's token will go. histories[i]: the
-        sequence's tokens so far and its prompt length, for rows with penalties (else None)."""
+        sequence's tokens so far and its prompt length, for rows with penalties (else None).
+        prompt_lens[i]: row i's prompt length, for min_tokens (None: every row's is 0)."""
         device = logits.device
         raw = logits
         logits = self._apply_penalties(logits, params, histories)
+        logits = self._apply_bias(logits, raw, params, positions, prompt_lens)
         chosen = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
@@ -130,6 +134,36 @@ class Sampler:
                 row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(
                     row.dtype
                 )
+        return logits
+
+    @staticmethod
+    def _apply_bias(
+        logits: torch.Tensor,
+        raw: torch.Tensor,
+        params: Sequence[SamplingParams],
+        positions: Sequence[int],
+        prompt_lens: Sequence[int] | None,
+    ) -> torch.Tensor:
+        """logit_bias added, and stop tokens masked while a row has fewer than min_tokens."""
+        rows = [i for i, p in enumerate(params) if p.logit_bias or p.min_tokens]
+        if not rows:
+            return logits
+        if logits is raw:
+            logits = logits.clone()
+        vocab = logits.shape[-1]
+        for i in rows:
+            p = params[i]
+            if p.logit_bias:
+                ids = [t for t, _ in p.logit_bias]
+                if max(ids) >= vocab:
+                    raise InvalidRequest("logit_bias", f"ids must be below the vocabulary {vocab}")
+                bias = torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype)
+                logits[i].index_add_(0, torch.tensor(ids, device=logits.device), bias.to(logits))
+            produced = positions[i] - (prompt_lens[i] if prompt_lens is not None else 0)
+            if produced < p.min_tokens:
+                stops = [t for t in p.stop_token_ids if 0 <= t < vocab]
+                if stops:
+                    logits[i, torch.tensor(stops, device=logits.device)] = float("-inf")
         return logits
 
     @staticmethod

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's: a bias is in [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int = 0  # how many top alternatives to return with each token
+    # (token id, what is added to its logit) pairs, as OpenAI's logit_bias; before temperature.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # stop_token_ids cannot be sampled before this many output tokens (vLLM's min_tokens).
+    min_tokens: int = 0
+    # The ids that end the sequence (end-of-sequence and the request's own): what min_tokens
+    # holds back. Unused without min_tokens.
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         checks = (
@@ -34,10 +43,19 @@ class SamplingParams:
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
             ("logprobs", 0 <= self.logprobs <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
             ("seed", self.seed is None or 0 <= self.seed < 2**63, "in [0, 2**63)"),
+            ("min_tokens", self.min_tokens >= 0, ">= 0"),
+            ("logit_bias", len(self.logit_bias) <= MAX_LOGIT_BIAS, f"at most {MAX_LOGIT_BIAS} ids"),
         )
         for field, ok, rule in checks:
             if not ok:
                 raise InvalidRequest(field, f"must be {rule}, got {getattr(self, field)!r}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not (math.isfinite(bias) and abs(bias) <= LOGIT_BIAS_RANGE):
+                raise InvalidRequest(
+                    "logit_bias",
+                    f"{token_id}: {bias} must be a token id >= 0 with a bias in "
+                    f"[-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]",
+                )
 
     @property
     def greedy(self) -> bool:
@@ -50,6 +68,11 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the model's logits are changed before the pick (so greedy is not argmax)."""
+        return self.uses_penalties or bool(self.logit_bias) or self.min_tokens > 0
 
 
 GREEDY = SamplingParams(temperature=0.0)

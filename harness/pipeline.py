@@ -45,6 +45,8 @@ class Pipeline:
     metrics: dict[str, str] = field(default_factory=dict)
     # Every process the launcher started, restarts included, in order.
     started: list[Process] = field(default_factory=list)
+    # The OpenAI-compatible API's base URL (scheme://host:port/v1); empty with --http-port 0.
+    http_url: str = ""
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -83,6 +85,7 @@ def pipeline(
     on_started: Mapping[str, Callable[[Pipeline], None]] | None = None,
 ) -> Iterator[Pipeline]:
     port, sched, worker = free_port(), free_port(), free_port()
+    http = [] if "--http-port" in flags else ["--http-port", str(free_port())]
     log_path = log_dir / f"serve-{port}.log"
     cmd = [
         sys.executable,
@@ -95,6 +98,7 @@ def pipeline(
         str(sched),
         "--worker-port",
         str(worker),
+        *http,
         *flags,
     ]
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -143,6 +147,8 @@ def pipeline(
             if line.startswith("metrics "):
                 _, name, url = line.split()
                 running.metrics[name] = url
+            if line.startswith("http "):
+                running.http_url = line.split()[1]
         yield running
     finally:
         if proc.poll() is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -52,6 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="completions",
         help="openai: /v1/completions or /v1/chat/completions (chat also sends tandem the "
         "prompt as a chat message, so both apply the chat template)",
+    )
+    target.add_argument(
+        "--api-key",
+        default=os.environ.get("TANDEM_API_KEY", "").split(",")[0] or None,
+        help="sent to every target as a Bearer token (default: $TANDEM_API_KEY)",
     )
     target.add_argument(
         "--model",
@@ -138,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         targets=targets_from_args(args.backend, args.url),
         endpoint=args.endpoint,
         model=args.model,
+        api_key=args.api_key or None,
         dataset=args.dataset,
         prompt_len=args.prompt_len,
         output_len=args.output_len,

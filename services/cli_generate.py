@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from typing import TYPE_CHECKING, Any, cast
@@ -12,7 +13,13 @@ from services.cli_args import add_prompt_args, add_sampling_args, chat_messages,
 
 if TYPE_CHECKING:
     from services.client_sync import Client
-    from services.client_types import GenerateOptions, GenerationResult, Message, TandemError
+    from services.client_types import (
+        Connection,
+        GenerateOptions,
+        GenerationResult,
+        Message,
+        TandemError,
+    )
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -50,6 +57,32 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     parser.add_argument("--session-id", help="keeps a conversation's KV cached between turns")
     parser.add_argument("--timeout", type=float, help="seconds before the request is abandoned")
+    add_connection_args(parser)
+
+
+def add_connection_args(parser: argparse.ArgumentParser) -> None:
+    """--api-key and TLS: what a client needs to reach a server started with them."""
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("TANDEM_API_KEY", "").split(",")[0] or None,
+        help="sent as `authorization: Bearer KEY` (default: $TANDEM_API_KEY, its first key)",
+    )
+    parser.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
+    parser.add_argument("--ssl-ca-certs", help="TLS, trusting this CA file (PEM)")
+    parser.add_argument("--ssl-certfile", help="a client certificate, where the server asks")
+    parser.add_argument("--ssl-keyfile", help="its key")
+
+
+def connection_of(args: argparse.Namespace) -> Connection:
+    from services.client_types import Connection
+
+    return Connection(
+        api_key=args.api_key or None,
+        tls=args.tls,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
 
 
 def _options(args: argparse.Namespace) -> GenerateOptions:
@@ -79,7 +112,10 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         options["prompt_ids"] = args.prompt_ids
         prompt = None
-    with Client(args.server) as client, client.generate(prompt, **options) as generation:
+    with (
+        Client(args.server, connection=connection_of(args)) as client,
+        client.generate(prompt, **options) as generation,
+    ):
         try:
             for delta in generation:
                 if not args.json:
@@ -153,7 +189,7 @@ def _chat(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())
-    with Client(args.server) as client:
+    with Client(args.server, connection=connection_of(args)) as client:
         while True:
             try:
                 line = input(">>> " if interactive else "")

@@ -24,6 +24,7 @@ from engine.errors import EngineError
 from services.scheduler.config import SchedulerProcessConfig, SchedulingPolicy
 from services.settings import flag, parse, write_file
 from services.telemetry.config import TelemetryConfig, TracingSettings
+from services.tls import TlsSettings
 from services.tokenizer.config import TokenizerConfig
 from services.worker.config import EngineSettings, ModelSettings, WorkerConfig
 
@@ -51,6 +52,14 @@ class ServeConfig:
     model: ModelSettings = field(default_factory=ModelSettings)
     host: str = flag("127.0.0.1", "public address")
     port: int = flag(50051, "public gRPC port")
+    http_port: int = flag(8000, "public OpenAI-compatible HTTP port (0: off)")
+    api_key: tuple[str, ...] = flag(
+        (),
+        "an API key clients must send as `Authorization: Bearer KEY` (HTTP and gRPC metadata); "
+        "health checks stay open (none: the API is open to whoever reaches --host)",
+        env="TANDEM_API_KEY",
+    )
+    tls: TlsSettings = field(default_factory=TlsSettings)
     tokenizers: int = flag(1, "tokenizer processes sharing the public port")
     tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
     transport: str = flag(
@@ -138,6 +147,9 @@ def child_configs(
             tokenizer=config.tokenizer,
             host=config.host,
             port=config.port,
+            http_port=config.http_port,
+            api_key=config.api_key,
+            tls=config.tls,
             admin_port=port(),
             scheduler=scheduler.address,
             transport=config.transport,
@@ -188,13 +200,21 @@ async def _supervise(config: ServeConfig) -> int:
                 log.info("%s metrics at %s", s.name, s.metrics_url)
                 print(f"metrics {s.name} {s.metrics_url}", flush=True)
         address = f"{config.host}:{config.port}"
+        if config.http_port:
+            scheme = "https" if config.tls.enabled else "http"
+            print(f"http {scheme}://{config.host}:{config.http_port}/v1", flush=True)
+        if not config.api_key:
+            log.warning(
+                "no --api-key (or TANDEM_API_KEY): the API is open to anyone who can reach %s",
+                config.host,
+            )
         print(
             f"tandem serving {config.model.model} at {address} "
             f"({config.tokenizers} tokenizer(s), device {config.engine.device})",
             flush=True,
         )
         if config.demo:
-            await _demo(address, config.demo)
+            await _demo(address, config)
         await stop.wait()
         log.info("shutting down")
         return 0
@@ -206,11 +226,21 @@ async def _supervise(config: ServeConfig) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-async def _demo(address: str, prompt: str) -> None:
+async def _demo(address: str, config: ServeConfig) -> None:
     from services.client import TandemClient
+    from services.client_types import Connection
 
+    prompt = config.demo
+    t = config.tls
+    connection = Connection(
+        api_key=config.api_key[0] if config.api_key else None,
+        tls=t.enabled,
+        ssl_ca_certs=t.ssl_ca_certs or None,
+        ssl_certfile=(t.ssl_certfile or None) if t.ssl_ca_certs else None,
+        ssl_keyfile=(t.ssl_keyfile or None) if t.ssl_ca_certs else None,
+    )
     print(f"\n> {prompt}\n", flush=True)
-    async with TandemClient(address) as client:
+    async with TandemClient(address, connection=connection) as client:
         messages = [{"role": "user", "content": prompt}]
         async for delta in client.generate(messages=messages, max_tokens=128, temperature=0.0):
             sys.stdout.write(delta.text)

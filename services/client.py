@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.client_sync import Client
 from services.client_types import (
     MAX_MESSAGE_BYTES,
+    Connection,
     Delta,
     GenerateOptions,
     GenerationResult,
@@ -58,10 +59,10 @@ class Generation:
     iterates cancels the call, and with it the work on the server.
     """
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, n: int = 1) -> None:
         self._call = call
         self._done = False
-        self.result = GenerationResult()
+        self.result = GenerationResult(n=n)
 
     def __aiter__(self) -> AsyncIterator[Delta]:
         return self._deltas()
@@ -125,11 +126,18 @@ class Generation:
 class TandemClient:
     """One channel to a tandem server. Create it inside the event loop that will use it."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, api_key: str | None = None, connection: Connection | None = None
+    ) -> None:
+        """`api_key`: sent as `authorization: Bearer KEY`; `connection`: TLS (and a key)."""
         self.address = address
-        self._channel = aio.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        )
+        self.connection = connection or Connection()
+        self._api_key = api_key or self.connection.api_key
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if self.connection.secure:
+            self._channel = aio.secure_channel(address, self.connection.credentials(), options)
+        else:
+            self._channel = aio.insecure_channel(address, options)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -151,9 +159,9 @@ class TandemClient:
         """Start a generation (the call begins at once; iterate the result to read it)."""
         request = generate_request(prompt, **options)
         call = self._stub.Generate(
-            request, timeout=options.get("timeout"), metadata=call_metadata(options)
+            request, timeout=options.get("timeout"), metadata=call_metadata(options, self._api_key)
         )
-        return Generation(call)
+        return Generation(call, request.n or 1)
 
     async def complete(
         self, prompt: str | None = None, **options: Unpack[GenerateOptions]
@@ -211,6 +219,6 @@ class TandemClient:
 
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return await method(request, timeout=timeout)
+            return await method(request, timeout=timeout, metadata=call_metadata({}, self._api_key))
         except aio.AioRpcError as err:
             raise TandemError.from_rpc(err) from None

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.client_types import (
     MAX_MESSAGE_BYTES,
+    Connection,
     Delta,
     GenerateOptions,
     GenerationResult,
@@ -40,10 +41,10 @@ class SyncGeneration:
     cancels the call, and with it the work on the server.
     """
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, n: int = 1) -> None:
         self._call = call
         self._done = False
-        self.result = GenerationResult()
+        self.result = GenerationResult(n=n)
 
     def __iter__(self) -> Iterator[Delta]:
         # A fresh generator per loop: CPython closes it the moment a loop drops it, which runs
@@ -101,11 +102,18 @@ class SyncGeneration:
 
 
 class Client:
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, api_key: str | None = None, connection: Connection | None = None
+    ) -> None:
+        """`api_key`: sent as `authorization: Bearer KEY`; `connection`: TLS (and a key)."""
         self.address = address
-        self._channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        )
+        self.connection = connection or Connection()
+        self._api_key = api_key or self.connection.api_key
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if self.connection.secure:
+            self._channel = grpc.secure_channel(address, self.connection.credentials(), options)
+        else:
+            self._channel = grpc.insecure_channel(address, options)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -129,9 +137,9 @@ class Client:
         """Start a generation (the call begins at once; iterate the result to read it)."""
         request = generate_request(prompt, **options)
         call = self._stub.Generate(
-            request, timeout=options.get("timeout"), metadata=call_metadata(options)
+            request, timeout=options.get("timeout"), metadata=call_metadata(options, self._api_key)
         )
-        return SyncGeneration(call)
+        return SyncGeneration(call, request.n or 1)
 
     def complete(
         self, prompt: str | None = None, **options: Unpack[GenerateOptions]
@@ -195,6 +203,6 @@ class Client:
 
     def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return method(request, timeout=timeout)
+            return method(request, timeout=timeout, metadata=call_metadata({}, self._api_key))
         except grpc.RpcError as err:
             raise TandemError.from_rpc(err) from None

@@ -49,6 +49,9 @@ class GenerateOptions(TypedDict, total=False):
     frequency_penalty: float | None
     seed: int | None
     max_tokens: int | None  # None: up to 256, within the context
+    min_tokens: int  # no stop token or stop string ends a sequence before this many tokens
+    logit_bias: Mapping[int, float]  # token id -> added to its logit, in [-100, 100]
+    n: int  # sequences from the prompt; each delta names its `index`
     stop: Sequence[str]
     stop_token_ids: Sequence[int]
     ignore_eos: bool
@@ -97,6 +100,8 @@ def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> 
         logprobs=options.get("logprobs", 0),
         model=options.get("model", ""),
         request_id=options.get("request_id", ""),
+        min_tokens=options.get("min_tokens", 0),
+        n=options.get("n", 1),
     )
     if prompt is not None:
         request.text = prompt
@@ -108,15 +113,53 @@ def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> 
         value = options.get(name)
         if value is not None:
             setattr(request.sampling, name, value)
+    request.sampling.logit_bias.update(options.get("logit_bias", {}))
     max_tokens = options.get("max_tokens")
     if max_tokens is not None:
         request.max_tokens = max_tokens
     return request
 
 
-def call_metadata(options: GenerateOptions) -> tuple[tuple[str, str], ...] | None:
-    extra = options.get("metadata")
-    return tuple(extra) if extra else None
+def call_metadata(
+    options: GenerateOptions, api_key: str | None = None
+) -> tuple[tuple[str, str], ...] | None:
+    extra = tuple(options.get("metadata") or ())
+    if api_key:
+        extra += (("authorization", f"Bearer {api_key}"),)
+    return extra or None
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How a client reaches a server: an API key, and TLS (`ssl_ca_certs` the CA that signed the
+    server's certificate, or the system's with `tls`; a certificate of its own where the server
+    asks for one)."""
+
+    api_key: str | None = None
+    tls: bool = False
+    ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or bool(self.ssl_ca_certs or self.ssl_certfile)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            if not path:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ssl_ca_certs),
+            private_key=read(self.ssl_keyfile),
+            certificate_chain=read(self.ssl_certfile),
+        )
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
 
 
 def chat_to_pb(messages: Sequence[Message]) -> pb.ChatMessages:
@@ -156,10 +199,12 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None  # set on the last delta only, with usage
     usage: Usage | None = None
+    index: int = 0  # which of the request's n sequences
 
     @classmethod
     def from_pb(cls, msg: pb.GenerateResponse) -> Delta:
         return cls(
+            index=msg.index,
             text=msg.text,
             token_ids=tuple(msg.token_ids),
             logprobs=tuple(TokenLogprob.from_pb(t) for t in msg.logprobs),
@@ -169,17 +214,57 @@ class Delta:
 
 
 @dataclass
+class Choice:
+    """One of a generation's n sequences, filled in as its deltas arrive."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None  # None until its last message arrived
+    usage: Usage | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason:
+            self.finish_reason = delta.finish_reason
+            self.usage = delta.usage
+
+
+@dataclass
 class GenerationResult:
-    """The totals of one generation, filled in as its messages arrive."""
+    """The totals of one generation, filled in as its messages arrive. The text, tokens and
+    finish of its first sequence are its own fields; `choices` holds all n."""
 
     request_id: str = ""
     trace_id: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None  # None until the last message arrived
-    usage: Usage | None = None
+    n: int = 1
+    choices: list[Choice] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.choices = [Choice() for _ in range(self.n)]
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        return self.choices[0].logprobs
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason
+
+    @property
+    def usage(self) -> Usage | None:
+        return self.choices[0].usage
 
     def add(self, msg: pb.GenerateResponse) -> Delta | None:
         """Take in one message; the delta it carries, or None for the header-only first one."""
@@ -191,17 +276,14 @@ class GenerationResult:
         if not (msg.text or msg.token_ids or msg.finish_reason):
             return None
         delta = Delta.from_pb(msg)
-        self.text += delta.text
-        self.token_ids.extend(delta.token_ids)
-        self.logprobs.extend(delta.logprobs)
-        if delta.finish_reason:
-            self.finish_reason = delta.finish_reason
-            self.usage = delta.usage
+        if not 0 <= delta.index < len(self.choices):
+            raise TandemError(grpc.StatusCode.INTERNAL, f"a delta of sequence {delta.index}")
+        self.choices[delta.index].add(delta)
         return delta
 
     def check_finished(self) -> None:
         # A stream that closes with OK but no finish reason is a server bug; say so, not hang.
-        if self.finish_reason is None:
+        if any(c.finish_reason is None for c in self.choices):
             raise TandemError(grpc.StatusCode.INTERNAL, "the stream ended without a finish reason")
 
 

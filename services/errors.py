@@ -32,6 +32,18 @@ class InvalidArgument(ServiceError):
         self.field = field
 
 
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 

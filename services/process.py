@@ -19,8 +19,10 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -33,10 +35,36 @@ from services.settings import parse
 from services.telemetry.config import TelemetryConfig
 from services.telemetry.metrics_server import MetricsServer
 from services.telemetry.tracing import Tracing
+from services.tls import TlsSettings
 from shm.reaper import reap
 
 log = logging.getLogger("tandem.process")
 C = TypeVar("C")
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).expanduser().read_bytes() if path else None
+
+
+def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
+    """A port's TLS; with CA certificates, clients must present a certificate they signed."""
+    ca = _read(tls.ssl_ca_certs)
+    return grpc.ssl_server_credentials(
+        [(_read(tls.ssl_keyfile), _read(tls.ssl_certfile))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
+    """For a channel to another host's internal port: its CA, and this door's certificate as
+    the client's (the peer may require one)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ssl_ca_certs),
+        private_key=_read(tls.ssl_keyfile),
+        certificate_chain=_read(tls.ssl_certfile),
+    )
+
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -71,8 +99,10 @@ async def start_server(
     reuse_port: bool = False,
     admin_address: str | None = None,
     interceptors: Sequence[aio.ServerInterceptor] = (),
+    tls: TlsSettings | None = None,
 ) -> RunningServer:
-    """Start a server on `address` ("host:port", port 0 picks one) with health and reflection.
+    """Start a server on `address` ("host:port", port 0 picks one) with health and reflection;
+    with `tls`, `address` takes TLS only (the admin address, on loopback, stays plaintext).
 
     `interceptors` run outside the error interceptor (tracing sees the status it sets)."""
     server = aio.server(
@@ -88,7 +118,10 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    if tls is not None and tls.enabled:
+        port = server.add_secure_port(address, server_credentials(tls))
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}")
     # A port of this process alone, for health checks when several processes share `address`.
@@ -138,11 +171,15 @@ class Service:
     service_names: Sequence[str]
     metrics: CollectorRegistry
     start: Callable[[], Awaitable[None]] = _nothing  # before SERVING: attach to peers
+    # On the stop signal, beside the gRPC server's stop: other doors (HTTP) stop taking new
+    # work and let what is in flight finish within grace_s.
+    drain: Callable[[], Awaitable[None]] = _nothing
     stop: Callable[[], Awaitable[None]] = _nothing  # after the server stopped: close, unlink
     grace_s: float = 5.0  # in-flight calls may finish within this after the stop signal
     reuse_port: bool = False  # several processes share the address (tokenizers)
     admin_address: str | None = None
     interceptors: Sequence[aio.ServerInterceptor] = field(default_factory=tuple)
+    tls: TlsSettings | None = None  # for `address`
 
 
 async def run_service(
@@ -164,6 +201,7 @@ async def run_service(
         reuse_port=service.reuse_port,
         admin_address=service.admin_address,
         interceptors=[*tracing.server_interceptors, *service.interceptors],
+        tls=service.tls,
     )
     log.info("%s on port %d", role, server.port)
     await service.start()
@@ -171,7 +209,7 @@ async def run_service(
     await stop.wait()
     log.info("%s stopping", role)
     await server.set_serving(False)
-    await server.stop(grace=service.grace_s)
+    await asyncio.gather(server.stop(grace=service.grace_s), service.drain())
     await service.stop()
     if metrics is not None:
         metrics.stop()

@@ -220,6 +220,9 @@ def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         logprobs=params.logprobs,
+        logit_bias=dict(params.logit_bias),
+        min_tokens=params.min_tokens,
+        stop_token_ids=params.stop_token_ids if params.min_tokens else (),
     )
     if params.seed is not None:
         msg.seed = params.seed
@@ -238,4 +241,7 @@ def sampling_from_pb(msg: hp.Sampling) -> SamplingParams:
         frequency_penalty=msg.frequency_penalty,
         seed=msg.seed if msg.HasField("seed") else None,
         logprobs=msg.logprobs,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
+        min_tokens=msg.min_tokens,
+        stop_token_ids=tuple(msg.stop_token_ids),
     )

@@ -2,10 +2,12 @@
 
 A field made by `flag(...)` is a flag, `--field-name`; a field whose type is itself such a
 dataclass (a section) contributes its own fields, flattened, so `tandem serve` is made of the
-settings of the processes it starts. Values come from, in order of precedence: the command line, the
-`--config FILE` (YAML or JSON, keys as the flags' names with - or _, nested sections or flat),
-the environment variable a field names, and the field's default. The environment is read here,
-once, from what `parse` is given; nothing below a process's `__main__` reads it.
+settings of the processes it starts. A `tuple[str, ...]` field is a repeatable flag (its
+environment variable a comma-separated list, its config file key a list). Values come from, in
+order of precedence: the command line, the `--config FILE` (YAML or JSON, keys as the flags'
+names with - or _, nested sections or flat), the environment variable a field names, and the
+field's default. The environment is read here, once, from what `parse` is given; nothing below a
+process's `__main__` reads it.
 """
 
 from __future__ import annotations
@@ -45,10 +47,30 @@ def _is_section(kind: Any) -> bool:
 
 
 def _scalar(kind: Any) -> type:
-    """int for `int | None`, and so on: the type a flag's text is converted to."""
+    """int for `int | None`, and so on: the type a flag's text is converted to (tuple for a
+    repeatable flag)."""
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if typing.get_origin(kind) is tuple:
+        return tuple
     return cast(type, kind)
+
+
+class _Repeat(argparse.Action):
+    """A repeatable flag whose first use on the command line replaces the default (a config
+    file's or the environment's list) instead of adding to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = getattr(namespace, f"_{self.dest}_given", False)
+        items = list(getattr(namespace, self.dest) or ()) if given else []
+        setattr(namespace, self.dest, (*items, values))
+        setattr(namespace, f"_{self.dest}_given", True)
 
 
 def flags_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], type]]:
@@ -99,6 +121,10 @@ def _add_flag(
             flag, dest=f.name, default=default, help=help_text,
             action=argparse.BooleanOptionalAction,
         )  # fmt: skip
+    elif kind is tuple:
+        parser.add_argument(
+            flag, dest=f.name, default=default, action=_Repeat, help=help_text + " (repeatable)"
+        )
     else:
         parser.add_argument(
             flag, dest=f.name, default=default, type=kind, choices=meta["choices"],
@@ -112,6 +138,8 @@ def _default(f: dataclasses.Field[Any], kind: type, env: Mapping[str, str]) -> A
         raw = env[variable]
         if kind is bool:
             return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind is tuple:
+            return tuple(item.strip() for item in raw.split(",") if item.strip())
         if choices and raw not in choices:
             raise ValueError(f"{variable}={raw!r}: {f.name} must be one of {', '.join(choices)}")
         try:
@@ -134,7 +162,10 @@ def build(cls: type[T], values: Mapping[str, Any]) -> T:
         if _is_section(kind):
             kwargs[f.name] = build(kind, values)
         elif f.name in values and values[f.name] is not None:
-            kwargs[f.name] = values[f.name]
+            value = values[f.name]
+            if _scalar(kind) is tuple:
+                value = (value,) if isinstance(value, str) else tuple(value)
+            kwargs[f.name] = value
     return cls(**kwargs)
 
 
@@ -188,7 +219,7 @@ def parse(
     known, _ = parser.parse_known_args(argv)
     if known.config is not None:
         parser.set_defaults(**read_file(known.config, cls))
-    args = vars(parser.parse_args(argv))
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if not k.startswith("_")}
     args.pop("config")
     return build(cls, {**args, **(extra or {})})
 

@@ -237,3 +237,33 @@ def test_run_over_two_ranks_matches_one(
     finally:
         torch.set_num_threads(threads)
     assert len(tokens[0]) == 16 and tokens[1] == tokens[0]
+
+
+def test_edge_settings_reach_every_tokenizer(tmp_path: Path) -> None:
+    from itertools import count
+
+    from services.cli_serve import ServeConfig, child_configs
+    from services.settings import parse, write_file
+    from services.tokenizer.config import TokenizerConfig
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("cert")
+    key.write_text("key")
+    argv = ["--http-port", "9001", "--api-key", "a", "--api-key", "b", "--tokenizers", "2"]
+    argv += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--ssl-ca-certs", str(cert)]
+    serve = parse(ServeConfig, argv, {"TANDEM_API_KEY": "from-env"}, prog="t", description="")
+    assert serve.api_key == ("a", "b")  # the command line replaces the environment's key
+    ports = count(41000)
+    _, _, tokenizers = child_configs(serve, lambda: next(ports))
+    for t in tokenizers:
+        assert (t.http_port, t.api_key, t.tls) == (9001, ("a", "b"), serve.tls)
+        path = write_file(t, tmp_path / "t.json")
+        assert parse(TokenizerConfig, ["--config", str(path)], {}, prog="t", description="") == t
+    from_env = parse(ServeConfig, [], {"TANDEM_API_KEY": "k1,k2"}, prog="t", description="")
+    assert from_env.api_key == ("k1", "k2") and from_env.http_port == 8000
+    file = tmp_path / "serve.yaml"
+    file.write_text("api-key: [x, y]\nhttp-port: 0\n")
+    from_file = parse(ServeConfig, ["--config", str(file)], {}, prog="t", description="")
+    assert from_file.api_key == ("x", "y") and from_file.http_port == 0
+    with pytest.raises(ValueError, match="ssl-keyfile"):
+        parse(ServeConfig, ["--ssl-certfile", str(cert)], {}, prog="t", description="")

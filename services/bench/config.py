@@ -45,6 +45,7 @@ class BenchConfig:
     targets: tuple[Target, ...]
     endpoint: Endpoint = "completions"  # openai targets only
     model: str | None = None  # sent to openai targets; None: the first of GET /v1/models
+    api_key: str | None = None  # a Bearer token for every target
     dataset: Dataset = "random"
     prompt_len: int = 256  # words of the token-stable text: one token each
     output_len: int = 128

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from services.process import Service, main, run_service, settings_of
+from services.process import Service, channel_credentials, main, run_service, settings_of
 from services.scheduler.config import SchedulerProcessConfig
 from services.telemetry.tracing import Tracing
 
@@ -28,7 +28,11 @@ async def serve(config: SchedulerProcessConfig) -> int:
         metrics = SchedulerMetrics()
         reader = Reader()
         loop = StepLoop(
-            WorkerLink(config.worker, config.transport == "shm"),
+            WorkerLink(
+                config.worker,
+                config.transport == "shm",
+                channel_credentials(config.tls) if config.tls.secures(config.worker) else None,
+            ),
             Routes(),
             lambda model: config.scheduler_config(
                 model.num_kv_blocks, model.block_size, model.max_seq_len
@@ -47,6 +51,7 @@ async def serve(config: SchedulerProcessConfig) -> int:
             metrics=metrics.registry,
             start=loop.start,
             stop=stop,
+            tls=config.tls,
         )
 
     return await run_service("scheduler", config.address, config.telemetry, build)

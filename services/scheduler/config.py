@@ -7,10 +7,7 @@ from dataclasses import dataclass, field
 
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
-
-
-def _s(default: object, help: str) -> object:
-    return flag(default, help)
+from services.tls import TlsSettings
 
 
 @dataclass(frozen=True)
@@ -141,6 +138,8 @@ class SchedulerProcessConfig:
     )
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # Across hosts: TLS on this port, and on the channel to a worker on another host.
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     @property
     def address(self) -> str:

@@ -46,19 +46,25 @@ class HopTimes:
 
 
 class WorkerLink:
-    def __init__(self, address: str, shared_memory: bool = True) -> None:
+    def __init__(
+        self,
+        address: str,
+        shared_memory: bool = True,
+        credentials: grpc.ChannelCredentials | None = None,  # TLS, to a worker on another host
+    ) -> None:
         self.address = address
         self.shared_memory = shared_memory
-        self.channel = aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-                # A restarted worker is found within a second or two, not gRPC's default minutes.
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 2000),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+            # A restarted worker is found within a second or two, not gRPC's default minutes.
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        if credentials is not None:
+            self.channel = aio.secure_channel(address, credentials, options)
+        else:
+            self.channel = aio.insecure_channel(address, options)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.steps: RingProducer | None = None
         self.results: RingConsumer | None = None

@@ -1,7 +1,9 @@
-"""python -m services.tokenizer: the public gRPC edge — tokenize, submit, stream text back."""
+"""python -m services.tokenizer: the public edge — gRPC, and OpenAI's HTTP API on the same event
+loop — tokenize, submit, stream text back."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -9,9 +11,12 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.process import Service, main, run_service, settings_of
+from services.process import Service, channel_credentials, main, run_service, settings_of
 from services.telemetry.tracing import Tracing
 from services.tokenizer.config import TokenizerConfig
+
+log = logging.getLogger("tandem.tokenizer")
+GRACE_S = 10.0  # in-flight requests may finish within this after the stop signal
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TokenizerConfig:
@@ -25,6 +30,7 @@ async def serve(config: TokenizerConfig) -> int:
         from engine import registry
         from engine.tokenizer import load_tokenizer
         from services.tokenizer.admission import Admission
+        from services.tokenizer.auth import ApiKeys, AuthInterceptor
         from services.tokenizer.metrics import TokenizerMetrics
         from services.tokenizer.scheduler_link import SchedulerLink
         from services.tokenizer.service import GenerationServicer
@@ -41,14 +47,16 @@ async def serve(config: TokenizerConfig) -> int:
             capacity = arena.free_bytes
             in_use = metrics.shm_in_use.labels(name, "prompt_arena")
             in_use.set_function(lambda: capacity - arena.free_bytes)
-        channel = aio.insecure_channel(
-            config.scheduler,
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 2000),
-            ],
-            interceptors=tracing.client_interceptors,
-        )
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        interceptors = tracing.client_interceptors
+        if config.tls.secures(config.scheduler):  # a scheduler on another host
+            credentials = channel_credentials(config.tls)
+            channel = aio.secure_channel(config.scheduler, credentials, options, None, interceptors)
+        else:
+            channel = aio.insecure_channel(config.scheduler, options, None, interceptors)
         tokenizer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         link = SchedulerLink(stub, config.scheduler, tokenizer_id, arena)
@@ -56,6 +64,29 @@ async def serve(config: TokenizerConfig) -> int:
             tokenizer, name, link, arena, TokenizerTelemetry(tracing, metrics, name)
         )
         servicer = GenerationServicer(admission)
+        keys = ApiKeys(config.api_key)
+        if not keys.required:
+            log.warning(
+                "no API key (--api-key or TANDEM_API_KEY): the API is open to anyone who can "
+                "reach %s",
+                config.host,
+            )
+        http = None
+        if config.http_port:
+            from services.tokenizer.http.app import create_app
+            from services.tokenizer.http.server import HttpServer
+
+            app = create_app(admission, keys, metrics.registry)
+            http = HttpServer(app, config.host, config.http_port, config.tls, grace_s=GRACE_S)
+
+        async def start() -> None:
+            await link.start()
+            if http is not None:
+                await http.start()
+
+        async def drain() -> None:
+            if http is not None:
+                await http.stop()
 
         async def stop() -> None:
             await link.stop()
@@ -67,9 +98,12 @@ async def serve(config: TokenizerConfig) -> int:
             register=lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
             service_names=[generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name],
             metrics=metrics.registry,
-            start=link.start,
+            start=start,
+            drain=drain,
             stop=stop,
-            grace_s=10.0,
+            grace_s=GRACE_S,
+            interceptors=[AuthInterceptor(keys)] if keys.required else [],
+            tls=config.tls,
             reuse_port=True,  # several tokenizer processes may share the public port
             admin_address=f"127.0.0.1:{config.admin_port}" if config.admin_port else None,
         )

@@ -5,6 +5,7 @@ events into text, and cancel the work when the caller goes away or a stop string
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -13,6 +14,7 @@ import numpy as np
 from grpc import aio
 
 from engine.errors import InvalidRequest
+from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
@@ -23,6 +25,7 @@ from services.tokenizer.telemetry import GenerateCall, TokenizerTelemetry
 from shm.arena import Arena
 from shm.errors import ArenaFull
 from shm.handle import Handle
+from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.internal.v1 import scheduler_pb2 as spb
 from tandem.v1 import generation_pb2 as pb
 
@@ -64,7 +67,8 @@ class Admission:
         self, spec: GenerateSpec, call: GenerateCall, deadline: float | None
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """The request's messages: the first (ids, trace), the text deltas, the last (finish
-        reason, usage). `deadline`: the client's, on the monotonic clock. Close it to cancel."""
+        reason, usage) of each of its n sequences. `deadline`: the client's, on the monotonic
+        clock. Close it to cancel."""
         call.on_request(
             request_id=spec.request_id,
             chat=spec.messages is not None,
@@ -78,53 +82,104 @@ class Admission:
         limit = self.link.max_queued_requests
         if limit and self.link.waiting >= limit:
             raise ResourceExhausted(f"{self.link.waiting} requests are already waiting")
+        ids = sequence_ids(spec.request_id, spec.n)
+        if any(i in self.link.queues for i in ids):
+            raise InvalidRequest("request_id", f"{spec.request_id!r} is already in flight")
         with call.phase("tokenize"):
             prompt_ids = await self._tokenize(spec)
         max_tokens = self._max_tokens(spec, len(prompt_ids))
         stop_ids = spec.stop_token_ids | (
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
         )
-        handle = self._store(prompt_ids)
-        queue = self.link.open(spec.request_id, handle)
-        submitted = finished = False
+        sampling = spec.sampling
+        if sampling.min_tokens:
+            sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop_ids)))
+        queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()
+        streams = [
+            TextStream(
+                self.tokenizer,
+                spec.request_id,
+                spec.stop_strings,
+                stop_ids,
+                sampling.logprobs,
+                sampling.min_tokens,
+            )
+            for _ in ids
+        ]
+        submitted: list[str] = []
+        done: set[int] = set()
+
+        async def submit(i: int) -> None:
+            handle = self._store(prompt_ids)
+            self.link.open(ids[i], handle, queue)
+            try:
+                await self._submit(
+                    spec, ids[i], _nth(sampling, i), prompt_ids, handle, max_tokens, stop_ids,
+                    deadline, call,
+                )  # fmt: skip
+            except BaseException:
+                self.link.abandon(ids[i])
+                raise
+            submitted.append(ids[i])
+
         try:
-            await self._submit(spec, prompt_ids, handle, max_tokens, stop_ids, deadline, call)
-            submitted = True
+            await submit(0)
             call.on_submitted(len(prompt_ids), max_tokens)
+            # The others follow once the first's prefill is done: its full blocks are in the
+            # prefix cache by then, so they compute only the last, partial one. A prompt
+            # shorter than a block shares nothing, so they go at once.
+            block = self.link.model.block_size if self.link.model is not None else 0
+            later = range(1, len(ids))
+            if not block or (len(prompt_ids) - 1) // block == 0:
+                for i in later:
+                    await submit(i)
+                later = range(0)
             yield pb.GenerateResponse(
                 request_id=spec.request_id, trace_id=call.trace_id, prompt_token_ids=prompt_ids
             )
-            stream = TextStream(
-                self.tokenizer, spec.request_id, spec.stop_strings, stop_ids, spec.sampling.logprobs
-            )
-            while not finished:
+            index_of = {rid: i for i, rid in enumerate(ids)}
+            while len(done) < len(ids):
                 events = await queue.get()
-                reply = stream.on_events(events)
+                i = index_of[events.request_id]
+                if i in done:
+                    continue  # queued before its stop string ended it
+                reply = streams[i].on_events(events)
+                reply.index = i
                 call.on_tokens(len(reply.token_ids), events.queue_s)
                 if reply.finish_reason:
                     reply.usage.prompt_tokens = len(prompt_ids)
-                    finished = True
+                    done.add(i)
+                    self.link.close(ids[i])
+                    if streams[i].hit_stop_string:  # the scheduler is still generating it
+                        self._cancel_later(ids[i], call)
+                if later:
+                    for j in later:
+                        await submit(j)
+                    later = range(0)
+                if len(done) == len(ids):
+                    first = streams[0]
                     call.finish(
                         reply.finish_reason,
-                        reply.usage.completion_tokens,
-                        reply.usage.cached_prompt_tokens,
+                        sum(stream.num_tokens for stream in streams),
+                        first.cached_prompt_tokens,
                     )
                 yield reply
-            if stream.hit_stop_string:
-                finished = False  # the scheduler is still generating: cancel it below
         finally:
-            if submitted:
-                self.link.close(spec.request_id)
-                expired = deadline is not None and deadline - time.monotonic() < _DEADLINE_SLACK_S
-                if not finished and not expired:
-                    # The client went away, or a stop string ended it: stop the work too. (At
+            expired = deadline is not None and deadline - time.monotonic() < _DEADLINE_SLACK_S
+            for i, request_id in enumerate(ids):
+                if request_id not in submitted or i in done:
+                    continue
+                self.link.close(request_id)
+                if not expired:
+                    # The client went away, or another sequence failed: stop the work too. (At
                     # the client's deadline the scheduler drops the request by itself.)
-                    with call.active():  # the task copies the context: Cancel joins the trace
-                        task = asyncio.create_task(self._cancel(spec.request_id))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
-            else:
-                self.link.abandon(spec.request_id)
+                    self._cancel_later(request_id, call)
+
+    def _cancel_later(self, request_id: str, call: GenerateCall) -> None:
+        with call.active():  # the task copies the context: Cancel joins the trace
+            task = asyncio.create_task(self._cancel(request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _tokenize(self, spec: GenerateSpec) -> list[int]:
         if spec.prompt_ids is not None:
@@ -156,8 +211,14 @@ class Admission:
 
     def _max_tokens(self, spec: GenerateSpec, prompt_len: int) -> int:
         room = self.max_seq_len - prompt_len
+        if spec.sampling.min_tokens > room:
+            raise InvalidRequest(
+                "min_tokens",
+                f"{prompt_len} prompt tokens + {spec.sampling.min_tokens} exceed the model's "
+                f"context of {self.max_seq_len}",
+            )
         if spec.max_tokens is None:
-            return min(DEFAULT_MAX_TOKENS, room)
+            return min(max(DEFAULT_MAX_TOKENS, spec.sampling.min_tokens), room)
         if spec.max_tokens > room:
             raise InvalidRequest(
                 "max_tokens",
@@ -177,6 +238,8 @@ class Admission:
     async def _submit(
         self,
         spec: GenerateSpec,
+        request_id: str,
+        sampling: SamplingParams,
         prompt_ids: list[int],
         handle: Handle | None,
         max_tokens: int,
@@ -186,10 +249,10 @@ class Admission:
     ) -> None:
         remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         submit = spb.SubmitRequest(
-            request_id=spec.request_id,
+            request_id=request_id,
             tokenizer_id=self.link.tokenizer_id,
             prompt_len=len(prompt_ids),
-            sampling=sampling_to_pb(spec.sampling),
+            sampling=sampling_to_pb(sampling),
             max_tokens=max_tokens,
             stop_token_ids=sorted(stop_ids),
             priority=spec.priority,
@@ -212,3 +275,15 @@ class Admission:
             await self.link.stub.Cancel(spb.CancelRequest(request_id=request_id))
         except aio.AioRpcError as err:
             log.warning("cancelling %s: %s", request_id, err.code().name)
+
+
+def sequence_ids(request_id: str, n: int) -> list[str]:
+    """The scheduler's request id of each of a call's n sequences."""
+    return [request_id] if n == 1 else [f"{request_id}/{i}" for i in range(n)]
+
+
+def _nth(sampling: SamplingParams, i: int) -> SamplingParams:
+    """Sequence i's sampling: its own seed when seeded, so n seeded sequences differ."""
+    if i == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + i) % 2**63)

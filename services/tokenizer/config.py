@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
+from services.tls import TlsSettings
 from services.worker.config import ModelSettings
 
 
@@ -15,6 +16,14 @@ class TokenizerConfig:
     tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
     host: str = flag("127.0.0.1", "public address to bind")
     port: int = flag(50051, "public gRPC port")
+    http_port: int = flag(8000, "public OpenAI-compatible HTTP port, on --host (0: off)")
+    api_key: tuple[str, ...] = flag(
+        (),
+        "clients must send `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: "
+        "Bearer KEY` (gRPC); health checks stay open (none: the API is open)",
+        env="TANDEM_API_KEY",
+    )
+    tls: TlsSettings = field(default_factory=TlsSettings)
     admin_port: int = flag(
         0, "a port of this process alone (health, metrics) when several share --port"
     )
@@ -26,11 +35,18 @@ class TokenizerConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        for name in ("port", "http_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be in [0, 65536), got {getattr(self, name)}")
+        if any(not key for key in self.api_key):
+            raise ValueError("an API key must not be empty")
         if self.arena_mb < 1:
             raise ValueError("the prompt arena needs at least 1 MiB")
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.host}:{self.http_port}"

@@ -17,6 +17,7 @@ MAX_STOP_LENGTH = 256
 # could never fit the context, so it is refused before the tokenizer spends time on it.
 MAX_CHARS_PER_TOKEN = 64
 ROLES = ("system", "user", "assistant", "tool")
+MAX_N = 16  # sequences from one prompt
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,14 @@ class GenerateSpec:
     priority: int
     session_id: str | None
     split_special_tokens: bool = False
+    n: int = 1  # sequences from the prompt, each its own scheduler request
 
 
-def _sampling(req: pb.GenerateRequest) -> SamplingParams:
+def _sampling(req: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
     s = req.sampling
+    bad = [t for t in s.logit_bias if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequest("sampling.logit_bias", f"ids {bad[:5]} are outside [0, {vocab_size})")
 
     def get(name: str, default: float) -> float:
         value = getattr(s, name) if s.HasField(name) else default
@@ -55,9 +60,12 @@ def _sampling(req: pb.GenerateRequest) -> SamplingParams:
             frequency_penalty=get("frequency_penalty", 0.0),
             seed=s.seed if s.HasField("seed") else None,
             logprobs=req.logprobs,
+            logit_bias=tuple(sorted(s.logit_bias.items())),
+            min_tokens=req.min_tokens,
         )
     except InvalidRequest as err:
-        field = "logprobs" if err.field == "logprobs" else f"sampling.{err.field}"
+        top_level = err.field in ("logprobs", "min_tokens")
+        field = err.field if top_level else f"sampling.{err.field}"
         raise InvalidRequest(field, str(err).split(": ", 1)[1]) from None
 
 
@@ -105,6 +113,12 @@ def parse_generate(
                 "max_tokens", f"{req.max_tokens} is beyond the model's context of {max_seq_len}"
             )
         max_tokens = req.max_tokens
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        raise InvalidRequest(
+            "min_tokens", f"{req.min_tokens} is more than max_tokens ({max_tokens})"
+        )
+    if not 0 <= req.n <= MAX_N:
+        raise InvalidRequest("n", f"must be in [1, {MAX_N}], got {req.n}")
     if not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise InvalidRequest("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {req.logprobs}")
     if len(req.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in req.stop):
@@ -121,7 +135,7 @@ def parse_generate(
         text=text,
         messages=messages,
         prompt_ids=prompt_ids,
-        sampling=_sampling(req),
+        sampling=_sampling(req, vocab_size),
         max_tokens=max_tokens,
         stop_strings=tuple(s for s in req.stop if s),
         stop_token_ids=frozenset(req.stop_token_ids),
@@ -129,6 +143,7 @@ def parse_generate(
         priority=req.priority,
         session_id=req.session_id or None,
         split_special_tokens=req.split_special_tokens,
+        n=req.n or 1,
     )
 
 

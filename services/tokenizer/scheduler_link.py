@@ -59,8 +59,16 @@ class SchedulerLink:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def open(self, request_id: str, prompt: Handle | None) -> asyncio.Queue[hp.RequestEvents]:
-        queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()
+    def open(
+        self,
+        request_id: str,
+        prompt: Handle | None,
+        queue: asyncio.Queue[hp.RequestEvents] | None = None,
+    ) -> asyncio.Queue[hp.RequestEvents]:
+        """The queue the request's events arrive on: `queue`, shared by several requests (the
+        sequences of one call), or a new one."""
+        if queue is None:
+            queue = asyncio.Queue()
         self.queues[request_id] = queue
         if prompt is not None:
             self.prompts[request_id] = prompt

@@ -24,12 +24,14 @@ class TextStream:
         stop_strings: tuple[str, ...],
         stop_token_ids: frozenset[int],
         logprobs: int,
+        min_tokens: int = 0,
     ) -> None:
         self.request_id = request_id
         self.detok = Detokenizer(tokenizer, skip_special=True)
         self.stops = StopStringMatcher(stop_strings)
         self.stop_token_ids = stop_token_ids
         self.logprobs = logprobs
+        self.min_tokens = min_tokens  # stop strings are matched in the text after these tokens
         self.num_tokens = 0
         self.cached_prompt_tokens = 0
 
@@ -64,7 +66,8 @@ class TextStream:
                     )
                 )
             if token_id not in self.stop_token_ids:  # an end-of-sequence token has no text
-                text.append(self.stops.feed(self.detok.feed(token_id)))
+                piece = self.detok.feed(token_id)
+                text.append(piece if self.num_tokens <= self.min_tokens else self.stops.feed(piece))
         if self.stops.stopped:
             reply.finish_reason = "stop"
         elif events.finish_reason in ("stop", "length"):

@@ -39,8 +39,12 @@ class TokenizerTelemetry:
         self.metrics = metrics
         self.model_name = model_name
 
-    def begin(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> GenerateCall:
-        return GenerateCall(self, context_from_metadata(metadata))
+    def begin(
+        self, metadata: Iterable[tuple[str, str | bytes]] | None, http_route: str = ""
+    ) -> GenerateCall:
+        """`metadata`: the gRPC call's, or an HTTP request's headers (with its `http_route`);
+        either may carry the caller's `traceparent`."""
+        return GenerateCall(self, context_from_metadata(metadata), http_route)
 
 
 class GenerateCall:
@@ -59,7 +63,9 @@ class GenerateCall:
         "tracer",
     )
 
-    def __init__(self, owner: TokenizerTelemetry, parent: Context | None) -> None:
+    def __init__(
+        self, owner: TokenizerTelemetry, parent: Context | None, http_route: str = ""
+    ) -> None:
         self.tracer = owner.tracer
         self.metrics = owner.metrics
         self.model_name = owner.model_name
@@ -72,16 +78,20 @@ class GenerateCall:
         self.span: trace.Span = trace.INVALID_SPAN
         self.stream_span: trace.Span = trace.INVALID_SPAN
         if self.recording:
+            api: dict[str, str] = (
+                {"http.request.method": "POST", "http.route": http_route}
+                if http_route
+                else {
+                    "rpc.system": "grpc",
+                    "rpc.service": "tandem.v1.Generation",
+                    "rpc.method": "Generate",
+                }
+            )
             self.span = self.tracer.start_span(
                 "Generate",
                 context=parent,
                 kind=SpanKind.SERVER,
-                attributes={
-                    "rpc.system": "grpc",
-                    "rpc.service": "tandem.v1.Generation",
-                    "rpc.method": "Generate",
-                    "gen_ai.request.model": owner.model_name,
-                },
+                attributes={**api, "gen_ai.request.model": owner.model_name},
             )
             self.recording = self.span.is_recording()
         self.metrics.running.inc()

@@ -73,6 +73,7 @@ async def serve(config: WorkerConfig) -> int:
             metrics=metrics.registry,
             stop=stop,
             grace_s=2.0,
+            tls=config.tls,
         )
 
     return await run_service("worker", config.address, config.telemetry, build)

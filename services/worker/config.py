@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from engine import registry
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
+from services.tls import TlsSettings
 
 if TYPE_CHECKING:
     from engine.rank_group import EngineArgs
@@ -110,6 +111,7 @@ class WorkerConfig:
     )
     engine: EngineSettings = field(default_factory=EngineSettings)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    tls: TlsSettings = field(default_factory=TlsSettings)  # on this port, across hosts
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

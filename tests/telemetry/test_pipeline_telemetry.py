@@ -284,3 +284,36 @@ def test_metrics_count_what_was_served(
     assert delta(wrk, "tandem_step_tokens_total", kind="prefill") == prompt
     assert delta(wrk, "tandem_step_tokens_total", kind="decode") == generated - 3
     assert delta(wrk, "tandem_iteration_tokens_total_sum") == prompt + generated - 3
+
+
+def test_an_http_request_is_the_same_tree_as_a_grpc_one(
+    served: Pipeline, receiver: OtlpReceiver
+) -> None:
+    import json
+
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    body = {"prompt": "The three primary colours are", "max_tokens": 4, "temperature": 0}
+    request = urllib.request.Request(
+        f"{served.http_url}/completions",
+        data=json.dumps(body).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "traceparent": f"00-{trace_id}-{client_span}-01",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        assert json.loads(reply.read())["usage"]["completion_tokens"] == 4
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        names = [s.name for s in of_trace(spans, trace_id)]
+        return {"Generate", "tokenize", "stream", "queue", "prefill", "decode"} <= set(names)
+
+    spans = of_trace(receiver.wait_for(complete, SPAN_WAIT_S), trace_id)
+    root = one(spans, "Generate")
+    assert root.service == "tandem-tokenizer" and root.kind == SERVER_KIND
+    assert root.parent_span_id == client_span
+    assert root.attributes["http.route"] == "/v1/completions"
+    assert root.attributes["gen_ai.usage.output_tokens"] == 4
+    for name in ("tokenize", "stream", "queue", "prefill", "decode"):
+        assert one(spans, name).parent_span_id == root.span_id
+    assert len([s for s in spans if s.name == "step"]) == 4

@@ -33,8 +33,10 @@ class OpenAIBackend:
     async def __aenter__(self) -> Self:
         # No read timeout (a long generation is not an error; the runner's --timeout is the
         # limit) and no cap on connections (the runner decides how many are in flight).
+        key = self.config.api_key
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
+            headers={"Authorization": f"Bearer {key}"} if key else None,
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )

@@ -21,7 +21,7 @@ class TandemBackend:
 
     async def __aenter__(self) -> Self:
         # One channel for every request: HTTP/2 multiplexes the streams, as a real client would.
-        self._client = TandemClient(self.address)
+        self._client = TandemClient(self.address, api_key=self.config.api_key)
         return self
 
     async def __aexit__(

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP door of the tokenizer process, over the same admission as gRPC."""

@@ -1,0 +1,239 @@
+"""The OpenAI-compatible HTTP API: routes over the tokenizer's one `Admission`.
+
+    POST /v1/chat/completions, POST /v1/completions   (SSE with "stream": true)
+    GET  /v1/models
+    GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
+    GET  /metrics   the process's Prometheus registry (no key needed)
+
+Each generation request is converted to the gRPC API's `GenerateRequest`s (convert.py), checked
+by the same `parse_generate`, and run by `Admission.generate` with its own `GenerateCall`
+(generations.py): the same validation, backpressure, priority, tracing and metrics as gRPC.
+A client that goes away cancels its request, streamed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.errors import EngineError
+from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailable
+from services.scheduler.errors import InvalidRequest as SchedulerInvalid
+from services.scheduler.errors import QueueFull
+from services.tokenizer.admission import Admission
+from services.tokenizer.auth import ApiKeys
+from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
+from services.tokenizer.http.errors import error_body, http_error
+from services.tokenizer.http.generations import Generations
+from services.tokenizer.http.output import ChatOutput, CompletionOutput, Output, sse
+from services.tokenizer.http.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    ModelList,
+)
+from services.tokenizer.request import parse_generate
+from shm.errors import ShmError
+
+T = TypeVar("T")
+REQUEST_ID = "x-request-id"
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 503)
+}
+
+
+class _RequestId:
+    """Takes the caller's X-Request-Id (or makes one) and echoes it on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        request_id = given.decode("latin-1") if given else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        echo = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), echo]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry) -> FastAPI:
+    app = FastAPI(
+        title="tandem",
+        summary="OpenAI-compatible API of a tandem server",
+        version="1",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    started = int(time.time())
+    a = admission
+
+    async def error_response(request: Request, err: BaseException) -> JSONResponse:
+        status, body = http_error(err, chat=request.url.path == CHAT)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    for kind in (ServiceError, EngineError, SchedulerInvalid, QueueFull, ShmError, Exception):
+        app.add_exception_handler(kind, error_response)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        path = [p for p in first.get("loc", ()) if p != "body"]
+        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+        if first.get("type") == "extra_forbidden":
+            message = "is not a parameter tandem supports"
+        else:
+            message = str(first.get("msg", "is not valid"))
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body(400, f"the body is not valid JSON: {message}"), 400)
+        return JSONResponse(error_body(400, f"{param}: {message}", param or None), 400)
+
+    @app.exception_handler(HTTPException)
+    async def http_exception(request: Request, err: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(err.status_code, str(err.detail)),
+            status_code=err.status_code,
+            headers=err.headers,
+        )
+
+    def require_key(authorization: str | None = Header(default=None)) -> None:
+        if not keys.allows(authorization):
+            raise Unauthenticated("a valid API key is required: send `Authorization: Bearer KEY`")
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        if not a.link.attached.is_set():
+            return JSONResponse(error_body(503, "the scheduler is (re)starting"), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS)
+
+    @v1.get("/models", response_model=ModelList)
+    async def models() -> dict[str, Any]:
+        model = a.link.model
+        if model is None:
+            raise Unavailable("the scheduler is (re)starting")
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": a.model_name,
+                    "object": "model",
+                    "created": started,
+                    "owned_by": "tandem",
+                    "max_model_len": model.max_seq_len,
+                }
+            ],
+        }
+
+    @v1.post("/chat/completions", response_model=ChatCompletion)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        request_id = request.state.request_id
+        plan = chat_plan(body, request_id, a.model_name)
+        out = ChatOutput(
+            a.tokenizer, f"chatcmpl-{request_id}", a.model_name, plan.n, plan.top_logprobs,
+            plan.include_usage, plan.continuous_usage,
+        )  # fmt: skip
+        return await serve(request, plan, out, CHAT)
+
+    @v1.post("/completions", response_model=Completion)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        request_id = request.state.request_id
+        plan = completion_plan(body, request_id, a.model_name)
+        out = CompletionOutput(
+            a.tokenizer, f"cmpl-{request_id}", a.model_name, plan.n, plan.top_logprobs,
+            plan.include_usage, plan.continuous_usage,
+        )  # fmt: skip
+        return await serve(request, plan, out, COMPLETIONS)
+
+    async def serve(request: Request, plan: Plan, out: Output, route: str) -> Response:
+        a.check_ready()
+        vocab, context = a.tokenizer.vocab_size, a.max_seq_len
+        specs = [parse_generate(r, a.model_name, vocab, context) for r in plan.requests]
+        generations = Generations(a, specs, request.headers.items(), route)
+        try:
+            out.on_prompts(await until_disconnected(request, generations.start()))
+        except BaseException:
+            await generations.aclose()
+            raise
+        if plan.stream:
+            events = stream(generations, out, route == CHAT)
+            return StreamingResponse(events, media_type="text/event-stream")
+
+        async def collect() -> dict[str, Any]:
+            async for index, message in generations:
+                out.add(index, message)
+            return out.whole()
+
+        try:
+            return JSONResponse(await until_disconnected(request, collect()))
+        finally:
+            await generations.aclose()
+
+    app.include_router(v1)
+    app.add_middleware(_RequestId)
+    return app
+
+
+async def stream(generations: Generations, out: Output, chat: bool) -> AsyncIterator[str]:
+    """The SSE events; an error after the first one is sent as an event of its own (the status
+    is gone by then), as OpenAI and vLLM do. Starlette cancels this when the client goes."""
+    try:
+        async for index, message in generations:
+            for event in out.stream(index, message):
+                yield event
+        for event in out.last():
+            yield event
+    except Exception as err:
+        yield sse(http_error(err, chat)[1])
+    finally:
+        await generations.aclose()
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled if the client disconnects first (its request then ends as cancelled)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise Cancelled("the client went away")
+    return task.result()

@@ -1,0 +1,187 @@
+"""OpenAI request bodies → `tandem.v1.GenerateRequest`s, the message the gRPC API takes, so both
+doors go through the same `parse_generate` and admission. What tandem does not support is
+refused here, naming the field; unknown fields were refused by the schema already."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequest
+from services.errors import NotFound
+from services.tokenizer.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from tandem.v1 import generation_pb2 as pb
+
+MAX_PROMPTS = 64  # prompts of one completions request
+_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one HTTP request asks for: a GenerateRequest per prompt, and how to answer."""
+
+    requests: list[pb.GenerateRequest]
+    n: int  # sequences per prompt: choice index = prompt * n + sequence
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool  # the usage so far in every chunk (vLLM's continuous_usage_stats)
+    top_logprobs: int | None  # alternatives per token to return; None: no logprobs
+
+
+def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
+    _refuse_unsupported_chat(body)
+    request = _common(body, request_id, model_name)
+    for i, message in enumerate(body.messages):
+        if message.tool_calls:
+            raise InvalidRequest(f"messages[{i}].tool_calls", "tool calls are not supported yet")
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequest(
+                        f"messages[{i}].content[{j}].type",
+                        f"{part.type!r} content is not supported yet: only text",
+                    )
+                texts.append(part.text)
+            content = "\n".join(texts)
+        request.chat.messages.add(
+            role=_ROLES.get(message.role, message.role), content=content or ""
+        )
+    if not body.messages:
+        raise InvalidRequest("messages", "has no messages")
+    max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = body.max_tokens
+    if max_tokens is not None:
+        request.max_tokens = max_tokens
+    top: int | None = None
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequest("top_logprobs", "needs logprobs: true")
+    if body.logprobs:
+        top = body.top_logprobs or 0
+        request.logprobs = max(top, 1)  # the sampled token's own logprob comes with the top-1
+    return _plan(body, [request], top)
+
+
+def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
+    if body.echo:
+        raise InvalidRequest("echo", "is not supported yet")
+    if body.suffix:
+        raise InvalidRequest("suffix", "is not supported yet")
+    prompts = _prompts(body.prompt)
+    template = _common(body, request_id, model_name)
+    if body.max_tokens is not None:
+        template.max_tokens = body.max_tokens
+    top = body.logprobs
+    if top is not None:
+        template.logprobs = max(top, 1) if top >= 0 else top
+    requests = []
+    for p, prompt in enumerate(prompts):
+        request = pb.GenerateRequest()
+        request.CopyFrom(template)
+        if len(prompts) > 1:
+            request.request_id = f"{request_id}:{p}"
+        if isinstance(prompt, str):
+            request.text = prompt
+        else:
+            request.token_ids.ids.extend(prompt)
+        requests.append(request)
+    return _plan(body, requests, top)
+
+
+def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) -> Plan:
+    options = body.stream_options
+    if options is not None and not body.stream:
+        raise InvalidRequest("stream_options", "is only allowed with stream: true")
+    return Plan(
+        requests=requests,
+        n=requests[0].n or 1,
+        stream=bool(body.stream),
+        include_usage=bool(options and options.include_usage),
+        continuous_usage=bool(options and options.continuous_usage_stats),
+        top_logprobs=top,
+    )
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise InvalidRequest("prompt", "is empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    if len(prompt) > MAX_PROMPTS:
+        raise InvalidRequest("prompt", f"at most {MAX_PROMPTS} prompts in one request")
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateRequest:
+    if body.model and body.model != model_name:
+        raise NotFound("model", f"the model {body.model!r} does not exist; this server serves "
+                       f"{model_name!r}")  # fmt: skip
+    if body.best_of not in (None, 1):
+        raise InvalidRequest("best_of", "is not supported yet (n sequences are: use n)")
+    if body.n is not None and body.n < 1:
+        raise InvalidRequest("n", f"must be at least 1, got {body.n}")
+    request = pb.GenerateRequest(
+        model=body.model or "",
+        request_id=request_id,
+        n=body.n or 1,
+        min_tokens=body.min_tokens or 0,
+        ignore_eos=bool(body.ignore_eos),
+        priority=body.priority or 0,
+        session_id=body.session_id or "",
+    )
+    if body.min_tokens is not None and body.min_tokens < 0:
+        raise InvalidRequest("min_tokens", f"must be >= 0, got {body.min_tokens}")
+    s = request.sampling
+    if body.top_k is not None:
+        s.top_k = max(body.top_k, 0)  # vLLM's -1 is our 0: off
+    for name in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+    ):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(s, name, value)
+    if body.seed is not None:
+        if not 0 <= body.seed < 2**63:
+            raise InvalidRequest("seed", f"must be in [0, 2**63), got {body.seed}")
+        s.seed = body.seed
+    for key, bias in (body.logit_bias or {}).items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise InvalidRequest("logit_bias", f"{key!r} is not a token id") from None
+        if not 0 <= token_id < 2**31:
+            raise InvalidRequest("logit_bias", f"{token_id} is not a token id")
+        s.logit_bias[token_id] = bias
+    stop = body.stop
+    if stop is not None:
+        request.stop.extend([stop] if isinstance(stop, str) else stop)
+    if body.stop_token_ids:
+        request.stop_token_ids.extend(body.stop_token_ids)
+    return request
+
+
+def _refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        raise InvalidRequest("response_format", f"{fmt.type!r} is not supported yet: only text")
+    if body.tools:
+        raise InvalidRequest("tools", "tool calling is not supported yet")
+    if body.functions:
+        raise InvalidRequest("functions", "function calling is not supported yet")
+    for name in ("tool_choice", "function_call"):
+        value = getattr(body, name)
+        if value is not None and value not in ("none", "auto"):
+            raise InvalidRequest(name, "tool calling is not supported yet")
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise InvalidRequest("modalities", "only text is supported")
+    for name in ("audio", "prediction", "reasoning_effort"):
+        if getattr(body, name) is not None:
+            raise InvalidRequest(name, "is not supported yet")

@@ -1,0 +1,93 @@
+"""Errors as OpenAI's body (`{"error": {"message", "type", "param", "code"}}`) with the HTTP
+status users expect. The status follows the gRPC code that services/errors.py gives the same
+error, so both doors answer alike; field names are turned into OpenAI's."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import grpc
+
+from services.errors import status_of
+
+log = logging.getLogger(__name__)
+
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+ERROR_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "cancelled",
+    503: "service_unavailable",
+    504: "timeout",
+}
+ERROR_CODE = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}
+
+# gRPC field names (as parse_generate names them) → OpenAI's, by endpoint.
+_FIELDS = [
+    (re.compile(r"^sampling\."), ""),
+    (re.compile(r"^prompt\.chat\.messages"), "messages"),
+    (re.compile(r"^prompt\.chat$"), "messages"),
+    (re.compile(r"^prompt(\.text|\.token_ids)?$"), "prompt"),
+]
+
+
+def openai_field(field: str, chat: bool) -> str:
+    for pattern, name in _FIELDS:
+        field = pattern.sub(name, field)
+    if chat and field == "prompt":
+        return "messages"
+    if chat and field == "logprobs":
+        return "top_logprobs"
+    return field
+
+
+ErrorBody = dict[str, dict[str, str | int | None]]
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> ErrorBody:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPE.get(status, "server_error" if status >= 500 else "error"),
+            "param": param,
+            "code": code or ERROR_CODE.get(status),
+        }
+    }
+
+
+def http_error(err: BaseException, chat: bool) -> tuple[int, ErrorBody]:
+    """The status and body for an error raised while serving a request."""
+    status = status_of(err)
+    if status is None:
+        log.error("internal error in an HTTP request", exc_info=err)
+        return 500, error_body(500, "internal error; see the server's log")
+    code, message = status
+    http = HTTP_STATUS.get(code, 500)
+    field = getattr(err, "field", None)
+    param = None
+    if isinstance(field, str):
+        param = openai_field(field, chat)
+        prefix = f"{field}: "
+        if message.startswith(prefix):
+            message = f"{param}: {message[len(prefix) :]}"
+    return http, error_body(http, message, param)

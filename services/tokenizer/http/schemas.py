@@ -1,0 +1,192 @@
+"""The OpenAI request and response bodies tandem speaks, as pydantic models (the OpenAPI
+document is made from them). Requests refuse a field they do not know; a field they know but
+tandem does not support yet (tools, a JSON schema, images) is refused by name in convert.py.
+
+Responses are written as plain dicts on the hot path (convert.py); the models here document
+them in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+TokenIds = list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+TokenIdText = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]
+Bias = Annotated[float, Field(ge=-100, le=100)]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = None  # a last chunk with the usage, before [DONE]
+    continuous_usage_stats: bool | None = None  # vLLM's: every chunk carries the usage so far
+
+
+class ResponseFormat(BaseModel):
+    type: str  # only "text" is supported
+    json_schema: dict[str, Any] | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")  # an image's or audio's fields: refused by type
+    type: str  # only "text" is supported
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    role: Role  # developer is OpenAI's newer name for system
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # refused when not empty
+    tool_call_id: str | None = None
+
+
+class _Sampling(_Request):
+    """What chat and completions requests share: sampling, stops, and tandem's extensions."""
+
+    model: str | None = None  # the served model; None or "" takes it
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # 0 or -1 (vLLM's): off
+    min_p: Probability | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    seed: Seed | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: TokenIds | None = None
+    n: Annotated[int, Field(ge=1, le=16)] | None = None  # sequences from each prompt
+    logit_bias: dict[TokenIdText, Bias] | None = None  # token id (as a string) -> its bias
+    min_tokens: Count | None = None
+    ignore_eos: bool | None = None
+    priority: Int32 | None = None  # higher runs first (tandem's order; vLLM's is the reverse)
+    session_id: str | None = None  # keeps a conversation's KV cached for its next turn
+    user: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    best_of: Int32 | None = None  # refused above 1
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None  # refused unless {"type": "text"}
+    tools: list[dict[str, Any]] | None = None  # refused when not empty
+    tool_choice: str | dict[str, Any] | None = None  # refused unless "none"
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None  # refused when not empty
+    function_call: str | dict[str, Any] | None = None  # refused unless "none"
+    modalities: list[str] | None = None  # refused unless ["text"]
+    audio: dict[str, Any] | None = None  # refused
+    prediction: dict[str, Any] | None = None  # refused
+    reasoning_effort: str | None = None  # refused
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = 16  # OpenAI's default
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool | None = None  # refused when true
+    suffix: str | None = None  # refused
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]

@@ -1,0 +1,251 @@
+"""The OpenAI-compatible HTTP API end to end, with the real `openai` SDK (sync and async)
+against a real `tandem serve`; and n, logit_bias and min_tokens through the gRPC API too."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from harness.pipeline import Pipeline, pipeline
+from services.client import Client
+from tests.e2e.client import idle, scheduler_stats, stats_when
+
+pytestmark = pytest.mark.slow
+
+CHAT = [{"role": "user", "content": "Name three colours."}]
+PROMPT = "The three primary colours are"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    with pipeline(tmp_path_factory.mktemp("openai"), "--max-num-seqs", "16") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sdk(served: Pipeline) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served.http_url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def grpc_client(served: Pipeline) -> Iterator[Client]:
+    with Client(served.address) as client:
+        yield client
+
+
+def test_models_lists_the_served_model(sdk: openai.OpenAI) -> None:
+    (model,) = sdk.models.list().data
+    assert model.id == "smollm2-135m-instruct" and model.owned_by == "tandem"
+
+
+def test_greedy_chat_over_http_equals_grpc(sdk: openai.OpenAI, grpc_client: Client) -> None:
+    reply = sdk.chat.completions.create(
+        model="smollm2-135m-instruct", messages=CHAT, max_tokens=24, temperature=0
+    )
+    want = grpc_client.complete(messages=CHAT, max_tokens=24, temperature=0)
+    (choice,) = reply.choices
+    assert choice.message.content == want.text
+    assert choice.message.role == "assistant" and choice.finish_reason == want.finish_reason
+    assert reply.usage is not None and want.usage is not None
+    assert reply.usage.completion_tokens == want.usage.completion_tokens
+    assert reply.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def test_streamed_completion_equals_the_whole_one(sdk: openai.OpenAI, grpc_client: Client) -> None:
+    whole = sdk.completions.create(model="", prompt=PROMPT, max_tokens=16, temperature=0)
+    chunks = list(
+        sdk.completions.create(
+            model="",
+            prompt=PROMPT,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert (
+        text
+        == whole.choices[0].text
+        == grpc_client.complete(PROMPT, max_tokens=16, temperature=0).text
+    )
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 3  # it streamed
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage is not None
+    assert usage.completion_tokens == 16 and usage.total_tokens == usage.prompt_tokens + 16
+    assert whole.choices[0].finish_reason == "length"
+
+
+def test_async_chat_stream_with_two_choices(served: Pipeline) -> None:
+    async def scenario() -> dict[int, list[str]]:
+        async with openai.AsyncOpenAI(base_url=served.http_url, api_key="x", max_retries=0) as c:
+            stream = await c.chat.completions.create(
+                model="smollm2-135m-instruct",
+                messages=CHAT,
+                max_tokens=12,
+                temperature=1.0,
+                seed=3,
+                n=2,
+                stream=True,
+            )
+            texts: dict[int, list[str]] = {}
+            finished = set()
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    texts.setdefault(choice.index, []).append(choice.delta.content or "")
+                    if choice.finish_reason:
+                        finished.add(choice.index)
+            assert finished == {0, 1}
+            return texts
+
+    texts = asyncio.run(scenario())
+    assert set(texts) == {0, 1}
+    assert all("".join(t) for t in texts.values())
+
+
+def test_n_sequences_share_the_prompts_blocks(grpc_client: Client) -> None:
+    long_prompt = "Here is a list of animals: " + ", ".join(["cat", "dog", "owl"] * 20) + "."
+    result = grpc_client.complete(
+        long_prompt, max_tokens=4, temperature=0.8, seed=5, n=3, ignore_eos=True
+    )
+    assert len(result.choices) == 3
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 4 for c in result.choices)
+    prompt = len(result.prompt_token_ids)
+    cached = [c.usage.cached_prompt_tokens for c in result.choices if c.usage is not None]
+    # The later sequences find every full block of the prompt computed by the first.
+    assert cached[1] >= prompt - 16 and cached[2] >= prompt - 16
+
+
+def test_logprobs_in_chat_and_completions(sdk: openai.OpenAI) -> None:
+    reply = sdk.chat.completions.create(
+        model="", messages=CHAT, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == reply.usage.completion_tokens  # type: ignore[union-attr]
+    for token in content:
+        assert len(token.top_logprobs) == 3 and token.logprob <= 0
+        assert token.top_logprobs[0].logprob >= token.top_logprobs[1].logprob
+        assert token.logprob == pytest.approx(token.top_logprobs[0].logprob)  # greedy
+    completion = sdk.completions.create(
+        model="", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2
+    )
+    lp = completion.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
+    assert "".join(lp.tokens) == completion.choices[0].text
+    assert all(len(top) == 2 for top in lp.top_logprobs or [])
+
+
+def test_stop_strings_end_the_text(sdk: openai.OpenAI) -> None:
+    prompt = "Count from 1 to 50: 1, 2, 3,"
+    full = sdk.completions.create(model="", prompt=prompt, max_tokens=40, temperature=0)
+    text = full.choices[0].text
+    assert " 9," in text, text
+    stopped = sdk.completions.create(
+        model="", prompt=prompt, max_tokens=40, temperature=0, stop=[" 9,"]
+    )
+    assert stopped.choices[0].text == text[: text.index(" 9,")]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_errors_surface_as_the_sdks_exceptions(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.chat.completions.create(model="", messages=CHAT, temperature=-1)
+    assert bad.value.status_code == 400 and "temperature" in bad.value.message
+    assert bad.value.body["param"] == "temperature"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        sdk.chat.completions.create(model="gpt-4o", messages=CHAT)
+    for name, value in (
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+        ("best_of", 3),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.chat.completions.create(model="", messages=CHAT, extra_body={name: value})
+        assert refused.value.body["param"] == name  # type: ignore[index]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[0\]"):
+        sdk.chat.completions.create(model="", messages=image)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        sdk.completions.create(model="", prompt=PROMPT, max_tokens=10**6)
+
+
+def test_request_id_is_taken_and_echoed(served: Pipeline) -> None:
+    body = {"messages": CHAT, "max_tokens": 2}
+    with httpx.Client(base_url=served.http_url, timeout=60) as http:
+        reply = http.post("/chat/completions", json=body, headers={"X-Request-Id": "req-42"})
+        assert reply.status_code == 200 and reply.headers["x-request-id"] == "req-42"
+        assert reply.json()["id"] == "chatcmpl-req-42"
+        made = http.post("/chat/completions", json=body)
+        assert len(made.headers["x-request-id"]) == 32
+        root = served.http_url.removesuffix("/v1")
+        assert http.get(f"{root}/health").json() == {"status": "ok"}
+        assert "tandem_request_success_total" in http.get(f"{root}/metrics").text
+
+
+def test_closing_a_stream_cancels_the_request_and_frees_its_kv(served: Pipeline) -> None:
+    async def scenario():  # type: ignore[no-untyped-def]
+        before = await stats_when(served.scheduler_address, idle, "an idle pipeline")
+        async with openai.AsyncOpenAI(base_url=served.http_url, api_key="x", max_retries=0) as c:
+            stream = await c.completions.create(
+                model="",
+                prompt="Tell a long story:",
+                max_tokens=4000,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            seen = 0
+            async for chunk in stream:
+                seen += bool(chunk.choices and chunk.choices[0].text)
+                if seen >= 3:
+                    break
+            during = await scheduler_stats(served.scheduler_address)
+            await stream.close()
+        after = await stats_when(served.scheduler_address, idle, "the closed stream's request")
+        return before, during, after
+
+    before, during, after = asyncio.run(scenario())
+    assert during.running == 1 and during.kv_blocks_used > 0
+    assert after.finished["cancelled"] == before.finished["cancelled"] + 1
+    assert after.finished.get("length", 0) == before.finished.get("length", 0)
+    assert after.kv_blocks_used == 0
+
+
+def test_a_client_that_leaves_a_whole_response_cancels_it(served: Pipeline) -> None:
+    async def scenario():  # type: ignore[no-untyped-def]
+        before = await stats_when(served.scheduler_address, idle, "an idle pipeline")
+        body = {"prompt": "Tell a long story:", "max_tokens": 4000, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=served.http_url, timeout=60) as http:
+            post = asyncio.create_task(http.post("/completions", json=body))
+            await stats_when(served.scheduler_address, lambda s: s.running == 1, "it to run")
+            post.cancel()  # closes the connection
+        after = await stats_when(served.scheduler_address, idle, "the abandoned request")
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    assert after.finished["cancelled"] == before.finished["cancelled"] + 1
+    assert after.kv_blocks_used == 0
+
+
+def test_min_tokens_and_logit_bias_through_grpc(grpc_client: Client) -> None:
+    plain = grpc_client.complete(messages=CHAT, max_tokens=200, temperature=0)
+    assert plain.finish_reason == "stop"
+    longer = grpc_client.complete(
+        messages=CHAT, max_tokens=200, temperature=0, min_tokens=len(plain.token_ids) + 5
+    )
+    assert len(longer.token_ids) >= len(plain.token_ids) + 5
+    assert longer.text.startswith(plain.text)
+    first = plain.token_ids[0]
+    banned = grpc_client.complete(
+        messages=CHAT, max_tokens=3, temperature=0, logit_bias={first: -100.0}
+    )
+    assert banned.token_ids[0] != first
+
+
+def test_without_a_key_the_server_says_it_is_open(served: Pipeline) -> None:
+    assert "the API is open to anyone who can reach 127.0.0.1" in served.log()

@@ -1,0 +1,128 @@
+"""The HTTP door's pieces without processes: the error map, field names, API keys, refusals."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from engine.errors import InvalidRequest
+from services.errors import NotFound, ResourceExhausted, ServiceError, Unauthenticated, Unavailable
+from services.tokenizer.auth import ApiKeys
+from services.tokenizer.http.convert import chat_plan, completion_plan
+from services.tokenizer.http.errors import http_error, openai_field
+from services.tokenizer.http.schemas import ChatCompletionRequest, CompletionRequest
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "kind"),
+    [
+        (InvalidRequest("sampling.top_p", "must be in (0, 1]"), 400, "invalid_request_error"),
+        (Unauthenticated("no key"), 401, "authentication_error"),
+        (NotFound("model", "no such model"), 404, "invalid_request_error"),
+        (ResourceExhausted("8 requests are already waiting"), 429, "rate_limit_error"),
+        (Unavailable("the worker died"), 503, "service_unavailable"),
+        (ServiceError("late", code=grpc.StatusCode.DEADLINE_EXCEEDED), 504, "timeout"),
+    ],
+)
+def test_errors_map_to_the_status_users_expect(err: Exception, status: int, kind: str) -> None:
+    got, body = http_error(err, chat=True)
+    assert got == status and body["error"]["type"] == kind
+
+
+def test_a_bug_is_a_500_without_its_message() -> None:
+    status, body = http_error(KeyError("secret internals"), chat=False)
+    assert status == 500 and "secret" not in str(body)
+
+
+def test_grpc_field_names_become_openais() -> None:
+    assert openai_field("sampling.temperature", chat=True) == "temperature"
+    assert openai_field("prompt.chat.messages[2].role", chat=True) == "messages[2].role"
+    assert openai_field("prompt.text", chat=False) == "prompt"
+    assert openai_field("prompt.token_ids", chat=True) == "messages"
+    assert openai_field("logprobs", chat=True) == "top_logprobs"
+    _, body = http_error(InvalidRequest("sampling.top_p", "must be in (0, 1]"), chat=False)
+    assert body["error"] == {
+        "message": "top_p: must be in (0, 1]",
+        "type": "invalid_request_error",
+        "param": "top_p",
+        "code": None,
+    }
+
+
+def test_api_keys() -> None:
+    keys = ApiKeys(["k1", "k2"])
+    assert keys.required and keys.allows("Bearer k1") and keys.allows("bearer k2")
+    for wrong in (None, "", "Bearer", "Bearer k", "Bearer k1x", "Basic k1", "k1"):
+        assert not keys.allows(wrong), wrong
+    assert ApiKeys([]).allows(None) and not ApiKeys([]).required
+
+
+def chat(**kw: object) -> ChatCompletionRequest:
+    messages = [{"role": "user", "content": "x"}]
+    return ChatCompletionRequest.model_validate({"messages": messages, **kw})
+
+
+def test_chat_converts_to_the_grpc_request() -> None:
+    plan = chat_plan(
+        chat(
+            max_completion_tokens=7, max_tokens=99, temperature=0.5, top_k=-1, seed=3, n=2,
+            stop="END", logit_bias={"5": -100}, min_tokens=2, priority=4, logprobs=True,
+            stream=True, stream_options={"include_usage": True},
+        ),
+        "rid",
+        "m",
+    )  # fmt: skip
+    (request,) = plan.requests
+    assert request.max_tokens == 7 and request.n == 2 and request.min_tokens == 2
+    assert request.sampling.top_k == 0 and request.sampling.seed == 3
+    assert dict(request.sampling.logit_bias) == {5: -100.0} and list(request.stop) == ["END"]
+    assert request.priority == 4 and request.logprobs == 1 and request.request_id == "rid"
+    assert plan.stream and plan.include_usage and plan.top_logprobs == 0 and plan.n == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"best_of": 2}, "best_of"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"seed": -1}, "seed"),
+        ({"logit_bias": {"9999999999": 1}}, "logit_bias"),
+        ({"modalities": ["audio"]}, "modalities"),
+    ],
+)
+def test_unsupported_chat_parameters_are_refused_by_name(extra: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        chat_plan(chat(**extra), "r", "m")
+    assert err.value.field == field
+
+
+def test_an_image_is_refused_by_its_place() -> None:
+    body = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    )
+    with pytest.raises(InvalidRequest) as err:
+        chat_plan(body, "r", "m")
+    assert err.value.field == "messages[0].content[0].type"
+
+
+def test_an_unknown_model_is_not_found() -> None:
+    with pytest.raises(NotFound):
+        chat_plan(chat(model="gpt-4o"), "r", "m")
+
+
+def test_completion_prompts() -> None:
+    many = completion_plan(CompletionRequest(prompt=["a", "b"], n=2), "rid", "m")
+    assert [r.text for r in many.requests] == ["a", "b"]
+    assert [r.request_id for r in many.requests] == ["rid:0", "rid:1"]
+    assert many.requests[0].max_tokens == 16  # OpenAI's default
+    ids = completion_plan(CompletionRequest(prompt=[1, 2, 3]), "rid", "m")
+    assert list(ids.requests[0].token_ids.ids) == [1, 2, 3]
+    batch = completion_plan(CompletionRequest(prompt=[[1], [2, 3]], logprobs=0), "rid", "m")
+    assert len(batch.requests) == 2 and batch.top_logprobs == 0
+    for refused in ({"echo": True}, {"suffix": "x"}):
+        with pytest.raises(InvalidRequest):
+            completion_plan(CompletionRequest(prompt="x", **refused), "r", "m")  # type: ignore[arg-type]
