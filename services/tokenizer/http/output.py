@@ -136,8 +136,31 @@ class Output:
     def _stream(self, index: int, msg: pb.GenerateResponse) -> list[str]:
         raise NotImplementedError
 
-    def whole(self) -> dict[str, Any]:
+    def _logprobs(self, tokens: Any) -> dict[str, Any] | None:
         raise NotImplementedError
+
+    def _content(self, choice: _Choice) -> dict[str, Any]:
+        """A whole choice's output: a chat message, or a completion's text."""
+        raise NotImplementedError
+
+    def whole(self) -> dict[str, Any]:
+        choices = [
+            {
+                "index": i,
+                **self._content(c),
+                "logprobs": self._logprobs(c.logprobs),
+                "finish_reason": c.finish_reason,
+            }
+            for i, c in sorted(self.choices.items())
+        ]
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        }
 
 
 class ChatOutput(Output):
@@ -182,24 +205,8 @@ class ChatOutput(Output):
         out.append(self._chunk([body]))
         return out
 
-    def whole(self) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": "".join(c.text)},
-                "logprobs": self._logprobs(c.logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for i, c in sorted(self.choices.items())
-        ]
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-        }
+    def _content(self, choice: _Choice) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": "".join(choice.text)}}
 
 
 class CompletionOutput(Output):
@@ -233,21 +240,5 @@ class CompletionOutput(Output):
         }
         return [self._chunk([body])]
 
-    def whole(self) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                "text": "".join(c.text),
-                "logprobs": self._logprobs(c.logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for i, c in sorted(self.choices.items())
-        ]
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-        }
+    def _content(self, choice: _Choice) -> dict[str, Any]:
+        return {"text": "".join(choice.text)}
