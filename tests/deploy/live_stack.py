@@ -53,6 +53,7 @@ def wait_until(what: str, timeout: float, poll: Callable[[], bool], every: float
 @dataclass(frozen=True)
 class Ports:
     public: str  # the tokenizers' shared port
+    http: str  # the tokenizers' shared OpenAI-compatible HTTP port
     scheduler: str
     worker: str
     own: dict[str, str]  # tokenizer -> the gRPC port of that process alone (--admin-port)
@@ -71,6 +72,8 @@ def read_ports(compose: Compose) -> Ports:
         check(services[name].get("network_mode") == "host", f"{name} is not on the host network")
     public = {f"127.0.0.1:{flag(services[t]['command'], '--port')}" for t in TOKENIZERS}
     check(len(public) == 1, f"the tokenizers do not share one public port: {public}")
+    http = {f"127.0.0.1:{flag(services[t]['command'], '--http-port')}" for t in TOKENIZERS}
+    check(len(http) == 1, f"the tokenizers do not share one HTTP port: {http}")
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.host.yml").read_text())
     metrics = {
         job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
@@ -83,6 +86,7 @@ def read_ports(compose: Compose) -> Ports:
     )
     return Ports(
         public=public.pop(),
+        http=http.pop(),
         scheduler=f"127.0.0.1:{flag(services['scheduler']['command'], '--port')}",
         worker=f"127.0.0.1:{flag(services['worker']['command'], '--port')}",
         own={t: f"127.0.0.1:{flag(services[t]['command'], '--admin-port')}" for t in TOKENIZERS},
@@ -91,7 +95,7 @@ def read_ports(compose: Compose) -> Ports:
 
 
 def free_ports(ports: Ports) -> None:
-    addresses = [ports.public, ports.scheduler, ports.worker, *ports.own.values()]
+    addresses = [ports.public, ports.http, ports.scheduler, ports.worker, *ports.own.values()]
     addresses += [t for ts in ports.metrics.values() for t in ts]
     for address in addresses:
         host, _, port = address.rpartition(":")

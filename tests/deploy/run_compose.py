@@ -117,11 +117,35 @@ def check_text(compose: Compose, ports: Ports) -> str:
             )
             check(got.finish_reason == want["finish_reason"], f"finish reason differs ({where})")
             trace_id = trace_id or got.trace_id
+        text = http_text(ports.http, kind, prompt)
+        check(
+            text == want["text"], f"{kind} prompt over HTTP: {text!r}, tandem run: {want['text']!r}"
+        )
         say(
             f"{kind} prompt: the same {len(want['token_ids'])} tokens as `tandem run` "
-            f"through {', '.join(addresses)}: {want['text']!r}"
+            f"through {', '.join(addresses)} and the HTTP API: {want['text']!r}"
         )
     return trace_id
+
+
+def http_text(address: str, kind: str, prompt: str) -> str:
+    """The greedy text of one request to the OpenAI-compatible API, as any HTTP client sends it."""
+    with urllib.request.urlopen(f"http://{address}/v1/models", timeout=30) as reply:
+        model = json.loads(reply.read())["data"][0]["id"]
+    body: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    post = urllib.request.Request(
+        f"http://{address}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(post, timeout=120) as reply:
+        choice = json.loads(reply.read())["choices"][0]
+    return str(choice["message"]["content"] if kind == "chat" else choice["text"])
 
 
 def scrape(target: str) -> dict[str, float]:
