@@ -130,6 +130,46 @@ def test_bad_requests_are_invalid_argument_naming_the_field(
     assert len(still.token_ids) == 2
 
 
+# Bytes no protobuf library would send: a client crafting them by hand gets a status that says
+# what was wrong, never UNKNOWN (grpc's answer when a request fails to parse) or a traceback.
+_NOT_UTF8 = b"\x0a\x03\xff\xfeA"  # field 1 (a string) holding bytes that are not UTF-8
+_CORRUPT = b"\xff\xff\xff"  # not a message at all
+
+
+@pytest.mark.parametrize(
+    ("method", "data"),
+    [
+        ("/tandem.v1.Generation/Generate", _NOT_UTF8),
+        ("/tandem.v1.Generation/Generate", _CORRUPT),
+        ("/tandem.v1.Generation/Generate", b"\x12\x06\x0a\x04\x12\x02\xc0\x80"),  # chat
+        ("/tandem.v1.Generation/Tokenize", _NOT_UTF8),
+        ("/tandem.v1.Generation/Detokenize", b"\x1a\x01\xff"),  # model
+        ("/tandem.v1.Generation/ListModels", _CORRUPT),
+        ("/grpc.health.v1.Health/Check", _NOT_UTF8),
+    ],
+)
+def test_a_request_that_does_not_parse_is_invalid_argument(
+    served: Pipeline, method: str, data: bytes
+) -> None:
+    async def call() -> aio.AioRpcError:
+        async with aio.insecure_channel(served.address) as channel:
+            if method.endswith("/Generate"):
+                rpc = channel.unary_stream(method, lambda b: b, lambda b: b)
+                request = rpc(data, timeout=30)
+                with pytest.raises(aio.AioRpcError) as err:
+                    async for _ in request:
+                        pass
+            else:
+                with pytest.raises(aio.AioRpcError) as err:
+                    await channel.unary_unary(method, lambda b: b, lambda b: b)(data, timeout=30)
+            return err.value
+
+    err = run(call())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert (err.details() or "").startswith("request: Error parsing message"), err.details()
+    assert "DecodeError" not in served.log()
+
+
 def test_the_scheduler_drops_a_request_at_its_deadline(served: Pipeline) -> None:
     async def scenario() -> tuple[aio.AioRpcError, dict[str, int], dict[str, int], object]:
         before = await stats_when(served.scheduler_address, idle, "an idle pipeline")
