@@ -201,6 +201,15 @@ def decode_outcome(outcome: hp.StepOutcome) -> tuple[StepResult, TopLogprobs]:
     sampled: dict[int, tuple[int, float]] = {}
     top: TopLogprobs = {}
     n = outcome.top_n
+    rows = len(outcome.seq_ids)
+    if (
+        len(outcome.token_ids) != rows
+        or len(outcome.logprobs) != rows
+        or n < 0
+        or len(outcome.top_ids) != n * rows
+        or len(outcome.top_logprobs) != n * rows
+    ):
+        raise ValueError(f"an outcome whose columns disagree ({rows} rows, top_n {n})")
     for i, seq_id in enumerate(outcome.seq_ids):
         sampled[seq_id] = (outcome.token_ids[i], outcome.logprobs[i])
         if n:

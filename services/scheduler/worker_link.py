@@ -11,6 +11,7 @@ import time
 from collections import deque
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from shm.consumer import RingConsumer
@@ -129,9 +130,12 @@ class WorkerLink:
         if self.results is not None:
             try:
                 data = await self.results.get_async()
+                outcome = hp.StepOutcome.FromString(data)
             except (PeerGone, ShmError) as err:
                 raise WorkerGone(f"the worker's result ring ended: {err}") from err
-            outcome = hp.StepOutcome.FromString(data)
+            except DecodeError as err:
+                # Only a corrupt ring holds a record that is not a StepOutcome.
+                raise WorkerGone(f"ring {self.results.name}: a record that does not parse") from err
         else:
             item = await self.outcomes.get()
             if isinstance(item, BaseException):
