@@ -81,6 +81,10 @@ class SchedulerLink:
             self.prompts[request_id] = prompt
         return queue
 
+    def in_flight(self, request_id: str) -> bool:
+        """Listened to, or its prompt still held until the scheduler reports its end."""
+        return request_id in self.queues or request_id in self.prompts
+
     def close(self, request_id: str) -> None:
         """The caller stops listening; the prompt stays until the scheduler finishes the request."""
         self.queues.pop(request_id, None)
