@@ -10,6 +10,9 @@ bounded.
 from __future__ import annotations
 
 import asyncio
+import re
+import struct
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -19,12 +22,14 @@ from grpc import aio
 from harness import rogue
 from harness.pipeline import Pipeline, pipeline, shm_names_of
 from tandem.v1 import generation_pb2 as pb
+from tandem.v1 import generation_pb2_grpc
 from tests.e2e.client import WAIT_S, Streamed, greedy, idle, stats_when, stream
 from tests.e2e.test_crashes import until_served
 
 pytestmark = pytest.mark.slow
 
 STREAMS = 4
+_ARENA_IN_USE = re.compile(r'tandem_shm_bytes_in_use\{[^}]*segment="prompt_arena"[^}]*\} (\S+)')
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +102,91 @@ def test_a_corrupt_ring_ends_its_link_and_only_that(
     assert len(again.token_ids) == 4
     assert stats.kv_blocks_used == 0  # type: ignore[attr-defined]
     assert "exited with code" not in served.log()
+
+
+def _arena_bytes_in_use(served: Pipeline) -> int:
+    with urllib.request.urlopen(served.metrics["tokenizer-1"], timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(int(float(m[1])) for m in _ARENA_IN_USE.finditer(text))
+
+
+async def _tokenize(address: str, text: str) -> list[int]:
+    async with aio.insecure_channel(address) as channel:
+        reply = await generation_pb2_grpc.GenerationStub(channel).Tokenize(
+            pb.TokenizeRequest(text=text), timeout=WAIT_S
+        )
+    return list(reply.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"), [("arena-data", "outside [0,"), ("arena-gen", "stale generation")]
+)
+def test_a_prompt_written_over_fails_its_request_alone(
+    served: Pipeline, mode: str, why: str
+) -> None:
+    async def scenario() -> tuple[BaseException | Streamed, list[BaseException | Streamed]]:
+        started = [asyncio.Event() for _ in range(STREAMS)]
+        others = [
+            asyncio.create_task(
+                stream(
+                    served.address,
+                    greedy(text=f"Verse {i}:", max_tokens=24, ignore_eos=True),
+                    on_reply=lambda s, i=i: started[i].set() if s.token_ids else None,
+                )
+            )
+            for i in range(STREAMS - 1)
+        ]
+        async with asyncio.timeout(WAIT_S):
+            for event in started[: STREAMS - 1]:
+                await event.wait()
+        text = f"The victim's own words, {mode}: zebra quartz lantern harbour"
+        ids = await _tokenize(served.address, text)
+        needle = struct.pack(f"<{len(ids)}i", *ids)
+        worker = served.latest("worker").pid
+        submitted = asyncio.Event()
+        rogue.stop([worker])  # the worker reads the victim's prompt only after the rogue
+        try:
+            victim = asyncio.create_task(
+                stream(
+                    served.address,
+                    greedy(text=text, max_tokens=8, ignore_eos=True),
+                    on_reply=lambda _: submitted.set(),
+                )
+            )
+            async with asyncio.timeout(WAIT_S):
+                await submitted.wait()  # the first reply comes once the scheduler has it
+            arena = rogue.segments(served.latest("tokenizer-1").pid, "arena")[0]
+            wrote = await asyncio.to_thread(rogue.scribble, mode, arena, 7, needle)
+        finally:
+            rogue.resume(None, [worker])
+        assert "nothing written" not in wrote, wrote
+        async with asyncio.timeout(WAIT_S):
+            ended = await asyncio.gather(victim, *others, return_exceptions=True)
+        await stats_when(served.scheduler_address, idle, "an idle pipeline")
+        return ended[0], list(ended[1:])
+
+    victim, others = asyncio.run(scenario())
+    assert isinstance(victim, aio.AioRpcError), victim
+    assert victim.code() == grpc.StatusCode.INTERNAL, victim
+    assert "the worker could not run the request" in (victim.details() or ""), victim.details()
+    assert why in (victim.details() or ""), victim.details()
+    for other in others:  # in the victim's steps, unharmed
+        assert isinstance(other, Streamed) and len(other.token_ids) == 24, other
+    assert _arena_bytes_in_use(served) == 0
+    assert "exited with code" not in served.log()
+
+
+@pytest.mark.parametrize("mode", ["arena-table", "arena-header"])
+def test_an_arena_written_over_serves_the_next_request(served: Pipeline, mode: str) -> None:
+    async def scenario() -> tuple[Streamed, object]:
+        arena = rogue.segments(served.latest("tokenizer-1").pid, "arena")[0]
+        wrote = await asyncio.to_thread(rogue.scribble, mode, arena, 7)
+        assert "random bytes" in wrote, wrote
+        # The tokenizer writes its own books again with its next prompt.
+        after = await stream(served.address, greedy(text="Still here?", max_tokens=4))
+        return after, await stats_when(served.scheduler_address, idle, "an idle pipeline")
+
+    after, stats = asyncio.run(scenario())
+    assert len(after.token_ids) == 4
+    assert stats.kv_blocks_used == 0  # type: ignore[attr-defined]
+    assert _arena_bytes_in_use(served) == 0
