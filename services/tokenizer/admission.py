@@ -8,8 +8,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 from grpc import aio
@@ -32,7 +32,7 @@ from tandem.v1 import generation_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Prompts longer than this many characters are tokenized off the event loop.
+# Texts longer than this many characters (or ids, to detokenize) are done off the event loop.
 _INLINE_TOKENIZE_CHARS = 4096
 # A call ended this close to its deadline ended by it (the client's clock runs out first): the
 # scheduler drops the request at that deadline by itself, so no Cancel is sent.
@@ -224,7 +224,7 @@ class Admission:
                     text, allow_special=not spec.split_special_tokens, field="prompt.text"
                 )
 
-        ids = await asyncio.to_thread(encode) if size > _INLINE_TOKENIZE_CHARS else encode()
+        ids = await off_the_loop_if_long(size, encode)
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")
         if len(ids) >= self.max_seq_len:
@@ -299,6 +299,15 @@ class Admission:
             await self.link.stub.Cancel(spb.CancelRequest(request_id=request_id))
         except aio.AioRpcError as err:
             log.warning("cancelling %s: %s", request_id, err.code().name)
+
+
+_T = TypeVar("_T")
+
+
+async def off_the_loop_if_long(size: int, work: Callable[[], _T]) -> _T:
+    """`work`, on a thread when `size` (characters, or ids) is large: a long text would hold the
+    event loop, and every stream and call of this process, meanwhile."""
+    return await asyncio.to_thread(work) if size > _INLINE_TOKENIZE_CHARS else work()
 
 
 def sequence_ids(request_id: str, n: int) -> list[str]:

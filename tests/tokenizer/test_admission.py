@@ -1,12 +1,14 @@
 """The tokenizer's admission path in this process, against a scheduler stub whose answers the test
 holds back: what it does when a caller goes away while its Submit is on the way, and with a
-request id already in flight. The prompt arena is a real one."""
+request id already in flight; and that long texts are (de)tokenized off the event loop. The
+prompt arena is a real one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from services.tokenizer.admission import Admission
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.request import parse_generate
 from services.tokenizer.scheduler_link import SchedulerLink
+from services.tokenizer.service import GenerationServicer
 from services.tokenizer.telemetry import TokenizerTelemetry
 from shm.arena import Arena
 from tandem.internal.v1 import hotpath_pb2 as hp
@@ -149,3 +152,33 @@ async def test_a_request_id_whose_prompt_is_still_held_is_refused(
     )
     async with generate(admission, "gone") as third:
         assert (await anext(third)).request_id == "gone"
+
+
+async def test_a_long_text_is_tokenized_and_detokenized_off_the_event_loop(
+    tokenizer: Tokenizer, arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admission, _ = admission_for(tokenizer, HeldScheduler(), arena)
+    servicer = GenerationServicer(admission)
+    loop_ran = threading.Event()
+    waited: list[bool] = []
+
+    def waiting_for_the_loop(work: Callable[..., object]) -> Callable[..., object]:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            # On a thread the loop runs meanwhile and lets it go; on the loop it waits in vain.
+            waited.append(loop_ran.wait(WAIT_S))
+            return work(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(tokenizer, "encode_prompt", waiting_for_the_loop(tokenizer.encode_prompt))
+    monkeypatch.setattr(tokenizer, "decode", waiting_for_the_loop(tokenizer.decode))
+    loop = asyncio.get_running_loop()
+    loop.call_soon(loop_ran.set)
+    text = "lorem ipsum dolor sit amet " * 400
+    ids = (await servicer.Tokenize(pb.TokenizeRequest(text=text), None)).token_ids  # type: ignore[arg-type]
+    loop_ran.clear()
+    loop.call_soon(loop_ran.set)
+    many = pb.DetokenizeRequest(token_ids=list(ids) * 2)
+    back = (await servicer.Detokenize(many, None)).text  # type: ignore[arg-type]
+    assert waited == [True, True]
+    assert len(ids) > 1000 and back == text * 2
