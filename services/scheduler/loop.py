@@ -181,7 +181,7 @@ class StepLoop:
             log.error("%s", err)
             # A step that never left is never answered: closing the rings ends the receiver's
             # wait, and it attaches the worker afresh.
-            self.link.close_rings()
+            self.link.abandon(str(err))
             return False
         return True
 
