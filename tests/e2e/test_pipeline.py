@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.pipeline import Pipeline, pipeline, shm_names_of
 from tandem.v1 import generation_pb2 as pb
@@ -168,6 +169,20 @@ def test_a_request_that_does_not_parse_is_invalid_argument(
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
     assert (err.details() or "").startswith("request: Error parsing message"), err.details()
     assert "DecodeError" not in served.log()
+
+
+def test_health_of_an_unknown_service_is_not_found_naming_it(served: Pipeline) -> None:
+    async def check(service: str) -> health_pb2.HealthCheckResponse:
+        async with aio.insecure_channel(served.address) as channel:
+            return await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=30
+            )
+
+    assert run(check("tandem.v1.Generation")).status == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(aio.AioRpcError) as err:
+        run(check("no.such.Service"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'no.such.Service'" in (err.value.details() or "")
 
 
 def test_the_scheduler_drops_a_request_at_its_deadline(served: Pipeline) -> None:
