@@ -1,17 +1,60 @@
-"""Server interceptors: turn a servicer's exceptions into gRPC statuses, in one place."""
+"""Server interceptors: turn a servicer's exceptions into gRPC statuses, in one place.
+
+A request whose bytes do not parse (a string that is not UTF-8, a corrupt message) never reaches
+a servicer: gRPC would end it UNKNOWN and log a traceback, so it is answered INVALID_ARGUMENT
+here, for grpc's own health service too.
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from services.errors import status_of
 
 log = logging.getLogger(__name__)
+
+
+class Undecodable:
+    """What a request that does not parse is handed to the handler as."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.message = f"request: {error}"
+
+
+def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if parse is None:
+        return None
+
+    def tolerant(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as err:
+            return Undecodable(err)
+
+    return tolerant
+
+
+async def _refuse(request: Any, context: aio.ServicerContext) -> None:
+    if isinstance(request, Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
+
+def _checked(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    """grpc's own servicers (health) with undecodable requests refused; they are coroutines,
+    streaming or not (a streaming one writes with context.write)."""
+
+    async def checked(request: Any, context: aio.ServicerContext) -> Any:
+        await _refuse(request, context)
+        return await behavior(request, context)
+
+    return checked
 
 
 async def _abort_with(context: aio.ServicerContext, err: Exception, method: str) -> None:
@@ -31,13 +74,21 @@ class ErrorInterceptor(aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         method = details.method
-        # Health and reflection are grpc's own servicers (and stream with context.write).
-        if handler is None or method.startswith("/grpc."):
+        if handler is None or handler.request_streaming:
             return handler
+        parse = _tolerant(handler.request_deserializer)
+        # Health and reflection are grpc's own servicers (and stream with context.write).
+        if method.startswith("/grpc."):
+            kind = "unary_unary" if handler.unary_unary is not None else "unary_stream"
+            behavior = getattr(handler, kind)
+            if not inspect.iscoroutinefunction(behavior):
+                return handler
+            return handler._replace(request_deserializer=parse, **{kind: _checked(behavior)})
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary
 
             async def unary_unary(request: Any, context: aio.ServicerContext) -> Any:
+                await _refuse(request, context)
                 try:
                     return await inner_uu(request, context)
                 except aio.AbortError:
@@ -46,7 +97,7 @@ class ErrorInterceptor(aio.ServerInterceptor):
                     await _abort_with(context, err, method)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer
+                unary_unary, parse, handler.response_serializer
             )
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
@@ -54,6 +105,7 @@ class ErrorInterceptor(aio.ServerInterceptor):
             async def unary_stream(
                 request: Any, context: aio.ServicerContext
             ) -> AsyncIterator[Any]:
+                await _refuse(request, context)
                 try:
                     async for item in inner_us(request, context):
                         yield item
@@ -63,6 +115,6 @@ class ErrorInterceptor(aio.ServerInterceptor):
                     await _abort_with(context, err, method)
 
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer
+                unary_stream, parse, handler.response_serializer
             )
         return handler

@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from engine.errors import EngineError
+from services.health import Health
 from services.interceptors import ErrorInterceptor
 from services.settings import parse
 from services.telemetry.config import TelemetryConfig
@@ -72,7 +72,7 @@ MAX_MESSAGE_BYTES = 64 << 20
 @dataclass
 class RunningServer:
     server: aio.Server
-    health: HealthServicer
+    health: Health
     port: int
     service_names: Sequence[str]
 
@@ -114,7 +114,7 @@ async def start_server(
         ],
     )
     register(server)
-    health = HealthServicer()
+    health = Health(service_names)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)

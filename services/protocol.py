@@ -133,6 +133,8 @@ class StepResult:
     # seq_id -> (sampled token id, its logprob), for every row planned with sample=True. A
     # missing entry fails that sequence alone (the worker could not sample it).
     sampled: dict[int, tuple[int, float]]
+    # seq_id -> why, for the sequences the worker could not run in this step (bad input).
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,13 +203,23 @@ def decode_outcome(outcome: hp.StepOutcome) -> tuple[StepResult, TopLogprobs]:
     sampled: dict[int, tuple[int, float]] = {}
     top: TopLogprobs = {}
     n = outcome.top_n
+    rows = len(outcome.seq_ids)
+    if (
+        len(outcome.token_ids) != rows
+        or len(outcome.logprobs) != rows
+        or n < 0
+        or len(outcome.top_ids) != n * rows
+        or len(outcome.top_logprobs) != n * rows
+    ):
+        raise ValueError(f"an outcome whose columns disagree ({rows} rows, top_n {n})")
     for i, seq_id in enumerate(outcome.seq_ids):
         sampled[seq_id] = (outcome.token_ids[i], outcome.logprobs[i])
         if n:
             ids = outcome.top_ids[i * n : (i + 1) * n]
             lps = outcome.top_logprobs[i * n : (i + 1) * n]
             top[seq_id] = [(t, lp) for t, lp in zip(ids, lps, strict=True) if t >= 0]
-    return StepResult(step_id=outcome.step_id, sampled=sampled), top
+    failed = dict(zip(outcome.failed_seq_ids, outcome.failed_reasons, strict=False))
+    return StepResult(step_id=outcome.step_id, sampled=sampled, failed=failed), top
 
 
 def sampling_to_pb(params: SamplingParams) -> hp.Sampling:

@@ -5,6 +5,10 @@ Region sizes are `block << order` (power-of-two multiples of the block), so free
 region with its buddy in O(log n) and a region never straddles a larger free block. The free
 lists live in the owner's memory; the per-block generation/order table that readers check lives
 in the segment (layout in regions.py).
+
+Any process of the same user can write into the segment, so the owner never reads its own books
+back from it: live regions and their generations are kept in this process too, the shared table
+is only written, and headers found written over are written again at the next allocation.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from shm.errors import ArenaFull, ShmError
 from shm.handle import DTYPES, Handle
-from shm.regions import Layout, RegionTable
-from shm.segment import Segment, SegmentKind
+from shm.regions import ARENA_HEADER, Layout, RegionTable
+from shm.segment import HEADER_SIZE, Segment, SegmentKind
 
 
 class Arena:
@@ -33,6 +37,8 @@ class Arena:
         self._max_order = n.bit_length() - 1
         self._free: list[set[int]] = [set() for _ in range(self._max_order + 1)]
         self._live: dict[int, int] = {}  # start block -> order
+        self._gens: dict[int, int] = {}  # start block -> generation (as in the table, or was)
+        self._headers = bytes(segment.mm[: HEADER_SIZE + ARENA_HEADER.size])
         self._lock = threading.Lock()
         start = 0
         while start < n:  # tile [0, n) with the largest aligned power-of-two blocks
@@ -79,8 +85,12 @@ class Arena:
             while order > want:  # split, keeping the lower half
                 order -= 1
                 self._free[order].add(start + (1 << order))
+            mm = self.segment.mm
+            if mm[: len(self._headers)] != self._headers:
+                mm[: len(self._headers)] = self._headers
             self.table.orders[start] = want
-            gen = self.table.gens[start] + 1  # even -> odd: allocated
+            gen = self._gens.get(start, 0) + 1  # even -> odd: allocated
+            self._gens[start] = gen
             self.table.gens[start] = gen
             self._live[start] = want
         offset = self.layout.data_off + start * self.layout.block
@@ -88,7 +98,26 @@ class Arena:
 
     def view(self, handle: Handle) -> np.ndarray:
         """A writable zero-copy view of one of this arena's live regions."""
-        return self.table.array(handle, writable=True)
+        with self._lock:
+            self._own(handle)
+        return np.ndarray(handle.shape, handle.dtype, self.segment.mm, handle.offset)
+
+    def _own(self, handle: Handle) -> int:
+        """The start block of a live region of this arena that `handle` names, by this process's
+        own books."""
+        if handle.segment != self.name:
+            raise ShmError(f"{handle}: not a region of arena {self.name}")
+        if self.segment.closed:
+            raise ShmError(f"{handle}: arena {self.name} is closed")
+        start, misplaced = divmod(handle.offset - self.layout.data_off, self.layout.block)
+        order = None if misplaced or start < 0 else self._live.get(start)
+        if order is None:
+            raise ShmError(f"{handle}: not allocated by this arena")
+        if self._gens[start] != handle.generation:
+            raise ShmError(f"{handle}: stale generation, the region is at {self._gens[start]}")
+        if handle.nbytes > self.layout.block << order:
+            raise ShmError(f"{handle}: {handle.nbytes} bytes overrun the region")
+        return start
 
     def put(self, array: ArrayLike) -> Handle:
         """Allocate a region and copy `array` into it: the one copy a writer makes."""
@@ -100,11 +129,10 @@ class Arena:
     def free(self, handle: Handle) -> None:
         """Return a region; every outstanding handle to it goes stale (in every process)."""
         with self._lock:
-            start = self.table.locate(handle)
-            order = self._live.pop(start, None)
-            if order is None:
-                raise ShmError(f"{handle}: not allocated by this arena")
-            self.table.gens[start] += 1  # odd -> even: free; old handles now fail
+            start = self._own(handle)
+            order = self._live.pop(start)
+            self._gens[start] += 1  # odd -> even: free; old handles now fail
+            self.table.gens[start] = self._gens[start]
             while order < self._max_order:  # merge with free buddies
                 buddy = start ^ (1 << order)
                 if buddy not in self._free[order]:

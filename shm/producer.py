@@ -92,7 +92,11 @@ class RingProducer(Ring):
         cap, head = self.capacity, self._head
         pos = head % cap
         filler = cap - pos if size > cap - pos else 0
-        if head + filler + size - self.ctl[TAIL] > cap:
+        tail = self.ctl[TAIL]
+        if tail > head:
+            # The consumer took records this end never published: someone else wrote them.
+            raise ShmError(f"ring {self.name}: read up to {tail}, only {head} published (corrupt)")
+        if head + filler + size - tail > cap:
             return None
         return pos, filler
 

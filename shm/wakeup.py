@@ -70,4 +70,4 @@ def wait(
         if ready():
             return True
         if not woken and not peer_alive():
-            raise PeerGone(f"the {peer} of this ring died")
+            raise PeerGone(f"the {peer} of this ring is gone (it exited or closed the ring)")

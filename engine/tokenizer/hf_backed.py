@@ -9,6 +9,8 @@ import tokenizers
 from engine.tokenizer.base import Tokenizer
 from engine.tokenizer.chat_template import ChatTemplate
 
+LONG_TEXT_CHARS = 4096
+
 
 class HFBackedTokenizer(Tokenizer):
     def __init__(
@@ -43,4 +45,8 @@ class HFBackedTokenizer(Tokenizer):
     def _encode(self, text: str, *, allow_special: bool) -> list[int]:
         backend = self._with_special if allow_special else self._as_text
         # BOS is the caller's decision (see `encode_prompt`), so no post-processor runs here.
+        if len(text) > LONG_TEXT_CHARS:
+            # encode() holds the GIL for the whole text; encode_batch() lets it go, so a
+            # caller's other threads, an event loop above all, run meanwhile.
+            return backend.encode_batch([text], add_special_tokens=False)[0].ids
         return backend.encode(text, add_special_tokens=False).ids

@@ -41,7 +41,9 @@ class RequestRecord(SequenceRecord):
     tokenizer_id: str = ""
 
 
-WORKER_GONE = "UNAVAILABLE: the worker died; the request was lost"
+def worker_gone(why: str) -> str:
+    """What every request in flight ends with when the link to the worker is lost."""
+    return f"UNAVAILABLE: lost the worker ({why}); the request was lost"
 
 
 class StepLoop:
@@ -176,37 +178,44 @@ class StepLoop:
         try:
             self.link.send(desc)
         except WorkerGone as err:
-            log.error("%s", err)  # the receiver finds the worker gone too
+            log.error("%s", err)
+            # A step that never left is never answered: closing the rings ends the receiver's
+            # wait, and it attaches the worker afresh.
+            self.link.abandon(str(err))
             return False
         return True
 
     async def _receive_loop(self) -> None:
         while True:
             try:
-                outcome = await self.link.receive()
+                self._apply(await self.link.receive())
             except WorkerGone as err:
                 await self._worker_lost(str(err))
-                continue
-            core = self.core
-            plan = core.flights[0].plan if core is not None and core.flights else None
-            if core is None or plan is None or outcome.step_id != plan.step_id:
-                log.warning(
-                    "dropping the outcome of step %d: no such step in flight", outcome.step_id
-                )
-                continue
-            if outcome.error:
-                log.warning("step %d: %s", outcome.step_id, outcome.error)
-            self.telemetry.on_outcome(self.link.sent_ns, outcome)
+
+    def _apply(self, outcome: hp.StepOutcome) -> None:
+        core = self.core
+        plan = core.flights[0].plan if core is not None and core.flights else None
+        if core is None or plan is None or outcome.step_id != plan.step_id:
+            # The worker answers the steps in flight in order: anything else means the link
+            # is corrupt, and the step really in flight may never be answered.
+            expected = plan.step_id if plan is not None else "none"
+            raise WorkerGone(f"an outcome of step {outcome.step_id}, step in flight: {expected}")
+        if outcome.error:
+            log.warning("step %d: %s", outcome.step_id, outcome.error)
+        self.telemetry.on_outcome(self.link.sent_ns, outcome)
+        try:
             result, top = decode_outcome(outcome)
-            self._route(core.update(plan, result), top, outcome.step_id)
-            self.wake.set()
+        except ValueError as err:
+            raise WorkerGone(f"step {outcome.step_id}: {err}") from err
+        self._route(core.update(plan, result), top, outcome.step_id)
+        self.wake.set()
 
     async def _worker_lost(self, why: str) -> None:
         log.error("worker lost (%s); failing in-flight requests and waiting for it to return", why)
         self.ready.clear()
         self.lost = (time.monotonic(), why)
         if self.core is not None:
-            events = self.core.fail_all(WORKER_GONE)
+            events = self.core.fail_all(worker_gone(why))
             self._route(events)
         self.records.clear()
         self.seq_ids.clear()

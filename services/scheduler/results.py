@@ -4,7 +4,7 @@ was made (async scheduling: up to two plans are in flight) are dropped whole."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.protocol import StepPlan
 from services.scheduler.events import Token
@@ -19,7 +19,12 @@ new_tuple = tuple.__new__
 
 
 def apply(
-    s: SchedulerState, plan: StepPlan, reqs: Sequence[RequestState], sampled: Sampled, now: float
+    s: SchedulerState,
+    plan: StepPlan,
+    reqs: Sequence[RequestState],
+    sampled: Sampled,
+    now: float,
+    failed: Mapping[int, str],
 ) -> bool:
     """Apply one step's outcome to the requests it ran; True if any of them finished (the
     caller then drops them from the running list in one pass)."""
@@ -32,6 +37,11 @@ def apply(
         if req.valid_from > step_id:
             # Finished, cancelled or preempted since this plan was made: its blocks are gone
             # (maybe to another sequence already), so nothing it computed counts.
+            continue
+        if failed and req.seq_id in failed:
+            why = f"INTERNAL: the worker could not run the request: {failed[req.seq_id]}"
+            s.finish(req, "error", now, why, unlink=False)
+            any_finished = True
             continue
         # Blocks this row filled are computed now, and only now offered to the prefix cache.
         full = (start + count) // bs

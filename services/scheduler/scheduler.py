@@ -135,7 +135,7 @@ class Scheduler(SchedulerState):
             self.step_s_ewma = step_s
         else:
             self.step_s_ewma += _STEP_ALPHA * (step_s - self.step_s_ewma)
-        if results.apply(self, plan, flight.reqs, result.sampled, now):
+        if results.apply(self, plan, flight.reqs, result.sampled, now, result.failed):
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return self.drain_events()
 

@@ -11,6 +11,7 @@ import time
 from collections import deque
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from shm.consumer import RingConsumer
@@ -81,10 +82,12 @@ class WorkerLink:
         self.sent_ns = 0
         self.sent_at: dict[int, int] = {}
         self.last_outcome_ns = 0
+        self.broken = ""  # why this side gave the rings up (abandon), until the next connect
 
     async def connect(self) -> hp.ModelDescription:
         """Wait for the worker to be up (gRPC reconnects with backoff), then attach the rings."""
         self.close_rings()
+        self.broken = ""
         self.connection += 1
         for queue in (self.to_send, self.outcomes):
             while not queue.empty():
@@ -129,9 +132,12 @@ class WorkerLink:
         if self.results is not None:
             try:
                 data = await self.results.get_async()
+                outcome = hp.StepOutcome.FromString(data)
             except (PeerGone, ShmError) as err:
-                raise WorkerGone(f"the worker's result ring ended: {err}") from err
-            outcome = hp.StepOutcome.FromString(data)
+                raise WorkerGone(self.broken or f"the worker's result ring ended: {err}") from err
+            except DecodeError as err:
+                # Only a corrupt ring holds a record that is not a StepOutcome.
+                raise WorkerGone(f"ring {self.results.name}: a record that does not parse") from err
         else:
             item = await self.outcomes.get()
             if isinstance(item, BaseException):
@@ -144,6 +150,11 @@ class WorkerLink:
         self.last_outcome_ns = outcome.sent_ns
         self.to_scheduler.add(outcome.sent_ns, time.monotonic_ns())
         return outcome
+
+    def abandon(self, why: str) -> None:
+        """Give the rings up: the receiver's wait ends with WorkerGone(why)."""
+        self.broken = why
+        self.close_rings()
 
     def close_rings(self) -> None:
         if self.steps is not None:

@@ -8,7 +8,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 from grpc import aio
@@ -31,7 +32,7 @@ from tandem.v1 import generation_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Prompts longer than this many characters are tokenized off the event loop.
+# Texts longer than this many characters (or ids, to detokenize) are done off the event loop.
 _INLINE_TOKENIZE_CHARS = 4096
 # A call ended this close to its deadline ended by it (the client's clock runs out first): the
 # scheduler drops the request at that deadline by itself, so no Cancel is sent.
@@ -82,11 +83,13 @@ class Admission:
         limit = self.link.max_queued_requests
         if limit and self.link.waiting >= limit:
             raise ResourceExhausted(f"{self.link.waiting} requests are already waiting")
-        ids = sequence_ids(spec.request_id, spec.n)
-        if any(i in self.link.queues for i in ids):
-            raise InvalidRequest("request_id", f"{spec.request_id!r} is already in flight")
         with call.phase("tokenize"):
             prompt_ids = await self._tokenize(spec)
+        ids = sequence_ids(spec.request_id, spec.n)
+        # Events and prompts are filed under these ids: a second request would take the first's.
+        # Checked after tokenizing (which may await), with nothing awaited before they are open.
+        if any(self.link.in_flight(i) for i in ids):
+            raise InvalidRequest("request_id", f"{spec.request_id!r} is already in flight")
         max_tokens = self._max_tokens(spec, len(prompt_ids))
         stop_ids = spec.stop_token_ids | (
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
@@ -112,13 +115,22 @@ class Admission:
         async def submit(i: int) -> None:
             handle = self._store(prompt_ids)
             self.link.open(ids[i], handle, queue)
+            work = self._submit(
+                spec, ids[i], _nth(sampling, i), prompt_ids, handle, max_tokens, stop_ids,
+                deadline, call,
+            )  # fmt: skip
+            sent = asyncio.ensure_future(work)
             try:
-                await self._submit(
-                    spec, ids[i], _nth(sampling, i), prompt_ids, handle, max_tokens, stop_ids,
-                    deadline, call,
-                )  # fmt: skip
+                # Shielded: a caller gone while the Submit is on its way does not stop it (the
+                # scheduler may have the request already, and the worker its prompt).
+                await asyncio.shield(sent)
             except BaseException:
-                self.link.abandon(ids[i])
+                if not sent.done():
+                    self._in_background(self._settle(sent, ids[i]), call)
+                elif sent.cancelled() or sent.exception() is not None:
+                    self.link.abandon(ids[i])
+                else:
+                    submitted.append(ids[i])  # it got there: cancelled below
                 raise
             submitted.append(ids[i])
 
@@ -151,7 +163,7 @@ class Admission:
                     done.add(i)
                     self.link.close(ids[i])
                     if streams[i].hit_stop_string:  # the scheduler is still generating it
-                        self._cancel_later(ids[i], call)
+                        self._in_background(self._cancel(ids[i]), call)
                 if later:
                     for j in later:
                         await submit(j)
@@ -173,13 +185,25 @@ class Admission:
                 if not expired:
                     # The client went away, or another sequence failed: stop the work too. (At
                     # the client's deadline the scheduler drops the request by itself.)
-                    self._cancel_later(request_id, call)
+                    self._in_background(self._cancel(request_id), call)
 
-    def _cancel_later(self, request_id: str, call: GenerateCall) -> None:
+    def _in_background(self, work: Coroutine[Any, Any, None], call: GenerateCall) -> None:
         with call.active():  # the task copies the context: Cancel joins the trace
-            task = asyncio.create_task(self._cancel(request_id))
+            task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _settle(self, sent: asyncio.Future[None], request_id: str) -> None:
+        """A Submit whose caller went away: once the scheduler has answered, cancel the request
+        there (its end, reported by the scheduler, frees the prompt), or free the prompt here if
+        it never got there."""
+        try:
+            await sent
+        except Exception:
+            self.link.abandon(request_id)
+            return
+        self.link.close(request_id)
+        await self._cancel(request_id)
 
     async def _tokenize(self, spec: GenerateSpec) -> list[int]:
         if spec.prompt_ids is not None:
@@ -200,7 +224,7 @@ class Admission:
                     text, allow_special=not spec.split_special_tokens, field="prompt.text"
                 )
 
-        ids = await asyncio.to_thread(encode) if size > _INLINE_TOKENIZE_CHARS else encode()
+        ids = await off_the_loop_if_long(size, encode)
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")
         if len(ids) >= self.max_seq_len:
@@ -275,6 +299,15 @@ class Admission:
             await self.link.stub.Cancel(spb.CancelRequest(request_id=request_id))
         except aio.AioRpcError as err:
             log.warning("cancelling %s: %s", request_id, err.code().name)
+
+
+_T = TypeVar("_T")
+
+
+async def off_the_loop_if_long(size: int, work: Callable[[], _T]) -> _T:
+    """`work`, on a thread when `size` (characters, or ids) is large: a long text would hold the
+    event loop, and every stream and call of this process, meanwhile."""
+    return await asyncio.to_thread(work) if size > _INLINE_TOKENIZE_CHARS else work()
 
 
 def sequence_ids(request_id: str, n: int) -> list[str]:

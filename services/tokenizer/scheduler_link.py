@@ -14,6 +14,8 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError
+from grpc import aio
 
 from shm.arena import Arena
 from shm.consumer import RingConsumer
@@ -25,7 +27,12 @@ from tandem.internal.v1 import scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_GONE = "UNAVAILABLE: the scheduler went away; the request was lost"
+
+def scheduler_gone(why: str) -> str:
+    """What every request in flight ends with when the link to the scheduler is lost."""
+    return f"UNAVAILABLE: lost the scheduler ({why}); the request was lost"
+
+
 # Attach waits for the scheduler to be up; this only spaces out attempts that failed outright.
 _REATTACH_BACKOFF_S = 1.0
 
@@ -74,6 +81,10 @@ class SchedulerLink:
             self.prompts[request_id] = prompt
         return queue
 
+    def in_flight(self, request_id: str) -> bool:
+        """Listened to, or its prompt still held until the scheduler reports its end."""
+        return request_id in self.queues or request_id in self.prompts
+
     def close(self, request_id: str) -> None:
         """The caller stops listening; the prompt stays until the scheduler finishes the request."""
         self.queues.pop(request_id, None)
@@ -97,12 +108,16 @@ class SchedulerLink:
 
     async def _run(self) -> None:
         while True:
+            why = "its event stream ended"
             try:
                 await self._consume()
+            except aio.AioRpcError as err:
+                why = f"its event stream ended: {err.code().name}"
             except (PeerGone, ShmError, grpc.RpcError) as err:
-                log.error("lost the scheduler (%s); failing in-flight requests", err)
+                why = str(err) or why
+            log.error("lost the scheduler (%s); failing in-flight requests", why)
             self.attached.clear()
-            self._fail_all()
+            self._fail_all(scheduler_gone(why))
             await self._reattach()
 
     async def _reattach(self) -> None:
@@ -141,7 +156,13 @@ class SchedulerLink:
 
     async def _read_ring(self, ring: RingConsumer) -> None:
         while True:
-            self.dispatch(hp.EventBatch.FromString(await ring.get_async()))
+            data = await ring.get_async()
+            try:
+                batch = hp.EventBatch.FromString(data)
+            except DecodeError:
+                # Only a corrupt ring holds a record that is not an EventBatch.
+                raise ShmError(f"ring {ring.name}: a record that does not parse") from None
+            self.dispatch(batch)
 
     def dispatch(self, batch: hp.EventBatch) -> None:
         self.waiting = batch.waiting
@@ -152,10 +173,10 @@ class SchedulerLink:
             if events.finish_reason:
                 self._free_prompt(events.request_id)
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, error: str) -> None:
         for request_id, queue in list(self.queues.items()):
             queue.put_nowait(
-                hp.RequestEvents(request_id=request_id, finish_reason="error", error=SCHEDULER_GONE)
+                hp.RequestEvents(request_id=request_id, finish_reason="error", error=error)
             )
         for request_id in list(self.prompts):
             self._free_prompt(request_id)

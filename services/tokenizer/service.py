@@ -10,7 +10,7 @@ from grpc import aio
 
 from engine.errors import InvalidRequest
 from services.errors import Unavailable
-from services.tokenizer.admission import Admission
+from services.tokenizer.admission import Admission, off_the_loop_if_long
 from services.tokenizer.request import parse_generate
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
@@ -48,23 +48,33 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self, request: pb.TokenizeRequest, context: aio.ServicerContext
     ) -> pb.TokenizeResponse:
         self._check_model(request.model)
+        tok = self.tokenizer
         if request.WhichOneof("input") == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            ids = self.tokenizer.encode_chat(messages)
+            size = sum(len(m["content"]) for m in messages)
+
+            def encode() -> list[int]:
+                return tok.encode_chat(messages)
         else:
-            ids = self.tokenizer.encode_prompt(
-                request.text, allow_special=not request.split_special_tokens
-            )
-        return pb.TokenizeResponse(token_ids=ids)
+            size = len(request.text)
+
+            def encode() -> list[int]:
+                return tok.encode_prompt(
+                    request.text, allow_special=not request.split_special_tokens
+                )
+
+        return pb.TokenizeResponse(token_ids=await off_the_loop_if_long(size, encode))
 
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: aio.ServicerContext
     ) -> pb.DetokenizeResponse:
         self._check_model(request.model)
-        text = self.tokenizer.decode(
-            list(request.token_ids), skip_special=request.skip_special_tokens
-        )
-        return pb.DetokenizeResponse(text=text)
+        ids = list(request.token_ids)
+
+        def decode() -> str:
+            return self.tokenizer.decode(ids, skip_special=request.skip_special_tokens)
+
+        return pb.DetokenizeResponse(text=await off_the_loop_if_long(len(ids), decode))
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: aio.ServicerContext

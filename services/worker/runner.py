@@ -84,12 +84,12 @@ class StepRunner:
         for seq_id in desc.finished_seq_ids:
             self.seqs.pop(seq_id, None)
         self.engine.release(desc.finished_seq_ids)
-        failed: list[int] = []
+        failed: dict[int, str] = {}
         for new in desc.new_seqs:
             try:
                 self.seqs[new.seq_id] = self._admit(new)
             except (ShmError, InvalidRequest) as err:
-                failed.append(new.seq_id)
+                failed[new.seq_id] = str(err)
                 outcome.error = f"sequence {new.seq_id}: {err}"
         batch = self._batch(desc, set(failed))
         if self.threads is not None:
@@ -100,10 +100,13 @@ class StepRunner:
             outputs = self.engine.step(batch)
         except InvalidRequest as err:
             # A bad sequence fails the step's sequences, never the worker.
-            outcome.failed_seq_ids.extend([*failed, *(s.seq_id for s in batch)])
+            failed.update((int(s.seq_id), str(err)) for s in batch)  # type: ignore[call-overload]
+            outcome.failed_seq_ids.extend(failed)
+            outcome.failed_reasons.extend(failed.values())
             outcome.error = str(err)
             return outcome
         outcome.failed_seq_ids.extend(failed)
+        outcome.failed_reasons.extend(failed.values())
         top_n = max((o_len for o_len in (len(o.top_logprobs) for o in outputs)), default=0)
         outcome.top_n = top_n
         for out in outputs:
@@ -131,6 +134,10 @@ class StepRunner:
             raise InvalidRequest(
                 "prompt_len", f"prompt holds {prompt.shape} ids, not {new.prompt_len}"
             )
+        # Checked here, for this sequence alone: in the step, one bad id fails every sequence.
+        vocab = self.engine.config.vocab_size
+        if len(prompt) and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
+            raise InvalidRequest("prompt", f"ids outside [0, {vocab}): its memory was overwritten")
         return SeqState(prompt, sampling_from_pb(new.sampling), list(new.output_ids))
 
     def _batch(self, desc: hp.StepDescriptor, skip: set[int]) -> list[SeqInput]:

@@ -167,7 +167,9 @@ def test_a_session_keeps_its_turns_cached(served: Pipeline, reference: Reference
         after = await stats_when(served.scheduler_address, idle, "the turns to end")
         return one, two, after
 
-    one, two, _ = run(conversation())
+    one, two, after = run(conversation())
+    # The session's pin is the only KV held once idle, and Stats says so.
+    assert after.kv_blocks_used == after.kv_blocks_session_pinned > 0  # type: ignore[attr-defined]
     assert two.usage is not None
     # The whole first prompt, in full blocks, is still cached for the second turn.
     assert two.usage.cached_prompt_tokens >= len(one.prompt_ids) // 16 * 16 > 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.pipeline import Pipeline, pipeline, shm_names_of
 from tandem.v1 import generation_pb2 as pb
@@ -128,6 +129,60 @@ def test_bad_requests_are_invalid_argument_naming_the_field(
     assert (err.value.details() or "").startswith(field_name)
     still = run(stream(served.address, greedy(text="Still serving?", max_tokens=2)))
     assert len(still.token_ids) == 2
+
+
+# Bytes no protobuf library would send: a client crafting them by hand gets a status that says
+# what was wrong, never UNKNOWN (grpc's answer when a request fails to parse) or a traceback.
+_NOT_UTF8 = b"\x0a\x03\xff\xfeA"  # field 1 (a string) holding bytes that are not UTF-8
+_CORRUPT = b"\xff\xff\xff"  # not a message at all
+
+
+@pytest.mark.parametrize(
+    ("method", "data"),
+    [
+        ("/tandem.v1.Generation/Generate", _NOT_UTF8),
+        ("/tandem.v1.Generation/Generate", _CORRUPT),
+        ("/tandem.v1.Generation/Generate", b"\x12\x06\x0a\x04\x12\x02\xc0\x80"),  # chat
+        ("/tandem.v1.Generation/Tokenize", _NOT_UTF8),
+        ("/tandem.v1.Generation/Detokenize", b"\x1a\x01\xff"),  # model
+        ("/tandem.v1.Generation/ListModels", _CORRUPT),
+        ("/grpc.health.v1.Health/Check", _NOT_UTF8),
+    ],
+)
+def test_a_request_that_does_not_parse_is_invalid_argument(
+    served: Pipeline, method: str, data: bytes
+) -> None:
+    async def call() -> aio.AioRpcError:
+        async with aio.insecure_channel(served.address) as channel:
+            if method.endswith("/Generate"):
+                rpc = channel.unary_stream(method, lambda b: b, lambda b: b)
+                request = rpc(data, timeout=30)
+                with pytest.raises(aio.AioRpcError) as err:
+                    async for _ in request:
+                        pass
+            else:
+                with pytest.raises(aio.AioRpcError) as err:
+                    await channel.unary_unary(method, lambda b: b, lambda b: b)(data, timeout=30)
+            return err.value
+
+    err = run(call())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert (err.details() or "").startswith("request: Error parsing message"), err.details()
+    assert "DecodeError" not in served.log()
+
+
+def test_health_of_an_unknown_service_is_not_found_naming_it(served: Pipeline) -> None:
+    async def check(service: str) -> health_pb2.HealthCheckResponse:
+        async with aio.insecure_channel(served.address) as channel:
+            return await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=30
+            )
+
+    assert run(check("tandem.v1.Generation")).status == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(aio.AioRpcError) as err:
+        run(check("no.such.Service"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'no.such.Service'" in (err.value.details() or "")
 
 
 def test_the_scheduler_drops_a_request_at_its_deadline(served: Pipeline) -> None:

@@ -91,6 +91,25 @@ def test_a_missing_token_fails_that_request_only() -> None:
     assert rig.scheduler.stats().kv_blocks_used == 0
 
 
+def test_a_request_the_worker_could_not_run_fails_alone_with_the_reason() -> None:
+    # Chunked: the failed request's prefill spans several steps, and it ends at the first.
+    rig = create_rig(max_num_batched_tokens=16)
+    requests = create_requests(2, prompt_len=24, max_tokens=3)
+    rig.add(*requests)
+    plan = rig.scheduler.schedule()
+    result = rig.worker.execute(plan)
+    result.failed[sid("r0")] = "prompt: ids outside [0, 100)"
+    events = rig.scheduler.update(plan, result)
+    (failed,) = of_type(events, Finished)
+    assert (name(failed.seq_id), failed.reason) == ("r0", "error")
+    assert (
+        failed.message
+        == "INTERNAL: the worker could not run the request: prompt: ids outside [0, 100)"
+    )
+    assert tokens_of(events + rig.run(), "r1") == expected_tokens(requests[1], 3)
+    assert rig.scheduler.stats().kv_blocks_used == 0
+
+
 def test_stop_token_ends_with_stop() -> None:
     def model(request_id: str, position: int) -> int:
         return 2 if position == 7 else 5

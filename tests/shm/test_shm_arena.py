@@ -154,3 +154,23 @@ def test_corrupt_arena_header_is_refused(arena: Arena, reader: Reader) -> None:
     arena.segment.mm[64:72] = (100).to_bytes(8, "little")  # block size no longer a power of two
     with pytest.raises(ShmError, match="corrupt arena header"):
         reader.view(h)
+
+
+def test_the_owner_keeps_its_books_when_another_process_writes_over_the_segment(
+    arena: Arena, reader: Reader
+) -> None:
+    total = arena.free_bytes
+    live = arena.put(np.arange(4, dtype=np.int32))
+    lay = arena.layout
+    rng = np.random.default_rng(1)
+    mm = arena.segment.mm
+    mm[lay.gens_off : lay.orders_off + lay.n_blocks] = rng.bytes(
+        lay.orders_off + lay.n_blocks - lay.gens_off
+    )
+    mm[0:128] = rng.bytes(128)  # the segment's header and the arena's
+    with pytest.raises(ShmError):
+        reader.view(live)  # a reader refuses what it cannot trust
+    arena.free(live)  # the owner's own books still know the region: nothing leaks
+    assert arena.free_bytes == total
+    again = arena.put(np.arange(4, dtype=np.int32))  # and the headers are written again
+    assert reader.view(again).tolist() == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from shm.consumer import RingConsumer
 from shm.errors import ShmError
 from shm.producer import RingProducer
+from shm.ring import HEAD, MESSAGE, RECORD, record_size
 
 Ends = tuple[RingProducer, RingConsumer]
 
@@ -134,6 +135,23 @@ def test_corrupt_record_is_an_error_not_garbage(ring: Ends) -> None:
     consumer.buf[8:16] = (99).to_bytes(8, "little")  # the record's seq no longer matches
     with pytest.raises(ShmError, match="corrupt record"):
         consumer.try_get()
+
+
+def test_a_record_forged_after_the_real_ones_is_caught_by_the_producer(ring: Ends) -> None:
+    # Another process publishes one well-framed record of its own after the producer's: the
+    # consumer takes it, so it has read past anything the producer published. Were the
+    # producer's next record the forged one's size, the consumer would skip that record
+    # silently; the producer refuses the ring instead.
+    producer, consumer = ring
+    producer.put(b"real")
+    head = producer.ctl[HEAD]
+    RECORD.pack_into(producer.buf, head, 4, MESSAGE, 1)
+    producer.buf[head + RECORD.size : head + RECORD.size + 4] = b"fake"
+    producer.ctl[HEAD] = head + record_size(4)
+    assert consumer.try_get() == b"real"
+    assert consumer.try_get() == b"fake"
+    with pytest.raises(ShmError, match="corrupt"):
+        producer.try_put(b"next")
 
 
 async def test_get_async_does_not_block_the_loop(ring: Ends) -> None:

@@ -31,6 +31,7 @@ from engine.errors import ModelFormatError
 from engine.gguf_file import GGUFFile
 from engine.tokenizer import Tokenizer, gguf_tokenizer
 from engine.tokenizer.byte_level import byte_to_char
+from engine.tokenizer.hf_backed import LONG_TEXT_CHARS
 
 regex = pytest.importorskip("regex")
 
@@ -102,6 +103,17 @@ def test_agrees_with_transformers(
     ids = smollm.encode(text, allow_special=allow_special)
     assert ids == hf_ids(hf_smollm, text, allow_special=allow_special)
     assert smollm.decode(ids) == text
+
+
+@pytest.mark.parametrize("allow_special", [True, False])
+def test_a_long_text_agrees_with_transformers(
+    smollm: Tokenizer, hf_smollm: Any, allow_special: bool
+) -> None:
+    # Past LONG_TEXT_CHARS the text is encoded in a batch of one (which lets the GIL go).
+    text = "".join(AGREEING) * (LONG_TEXT_CHARS // len("".join(AGREEING)) + 1)
+    assert len(text) > LONG_TEXT_CHARS and not may_differ(text)
+    ids = smollm.encode(text, allow_special=allow_special)
+    assert ids == hf_ids(hf_smollm, text, allow_special=allow_special)
 
 
 @pytest.mark.parametrize("text", DIFFERING)
