@@ -170,7 +170,8 @@ class Supervisor:
                 await self._wait_healthy(child)
                 log.info("%s is back", child.spec.name)
             except LaunchFailed as err:
-                log.error("%s", err)
+                if not (self.stopping or child.stopping):  # else it was stopped while starting
+                    log.error("%s", err)
 
     async def stop_all(self) -> None:
         """Stop in reverse start order, each within its grace period, then reap shared memory."""
