@@ -46,7 +46,7 @@ $(MODELS_STAMP): $(STAMP) $(GENERATED)
 	@touch $(MODELS_STAMP)
 
 # The main job: the three-process pipeline serving the default model on CPU, answering one
-# streamed demo request, then serving on 127.0.0.1:50051 until Ctrl-C.
+# streamed demo request, then serving (gRPC on 127.0.0.1:50051, HTTP on :8000) until Ctrl-C.
 run: setup
 	$(VENV)/bin/tandem serve --demo "Write a haiku about shared memory."
 
