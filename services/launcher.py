@@ -170,7 +170,10 @@ class Supervisor:
                 await self._wait_healthy(child)
                 log.info("%s is back", child.spec.name)
             except LaunchFailed as err:
-                if not (self.stopping or child.stopping):  # else it was stopped while starting
+                # Unless the shutdown stopped it, or it died again (the loop logs that exit once),
+                # say why it did not come back.
+                died = child.proc is not None and child.proc.returncode is not None
+                if not (self.stopping or child.stopping or died):
                     log.error("%s", err)
 
     async def stop_all(self) -> None:
@@ -204,7 +207,11 @@ class Supervisor:
 
 async def wait_serving(address: str, timeout_s: float) -> None:
     """Wait until the gRPC health service at `address` reports SERVING (it streams changes)."""
-    async with aio.insecure_channel(address) as channel:
+    # Reconnect within a second: grpc's default back-off (up to 120 s) would see a process that
+    # took 25 s to start serving only ~20 s later, and report a crash meanwhile as one "while
+    # starting".
+    options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
+    async with aio.insecure_channel(address, options) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         watch = stub.Watch(
             health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True
