@@ -34,8 +34,11 @@ async def test_ttft_itl_and_usage_from_the_stream() -> None:
         [result] = await run(config(fake.url))
     assert all(r.ok for r in result.records)
     for r in result.records:
-        assert r.ttft is not None and 0.25 < r.ttft < 1.5
-        assert len(r.itls()) == 3 and all(0.15 < g < 1.0 for g in r.itls())
+        # Lower bounds set by the fake's own sleeps, never upper ones (this machine may be slow):
+        # the first text 0.3 s after the request, the last 0.9 s after it.
+        assert r.ttft is not None and r.ttft >= 0.3
+        assert len(r.itls()) == 3 and min(r.itls()) > 0
+        assert r.ttft + sum(r.itls()) >= 0.9
         assert (r.prompt_tokens, r.output_tokens, r.counted_tokens) == (7, 4, 4)
         assert r.cached_prompt_tokens == 3
         assert r.finish_reason == "length"

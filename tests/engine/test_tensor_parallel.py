@@ -172,10 +172,9 @@ def test_a_rank_group_steps_as_one_engine_and_a_dead_rank_fails_it_clearly(
         assert greedy(engine, 4) == want[:4]
         follower = engine.followers.followers[0]
         os.kill(follower.pid, signal.SIGKILL)
-        started = time.monotonic()
+        # Raised, not hung until a collective's timeout (pytest's timeout would end a hang).
         with pytest.raises(RankGroupError, match=r"rank 1 of 2 \(pid \d+\) was killed by SIGKILL"):
             greedy(engine, 2)
-        assert time.monotonic() - started < 10
         with pytest.raises(RankGroupError):  # and every step after
             engine.release(["s"])
     finally:
@@ -203,7 +202,7 @@ def test_the_other_ranks_die_with_rank_0(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == -signal.SIGKILL, done.stderr
     pid = int(done.stdout.split()[0])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # bounded, generous: a loaded machine
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)  # not our child: nothing to wait on but its /proc entry
     assert not _alive(pid)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -83,9 +82,8 @@ def test_a_dead_gpu_rank_fails_the_group(tmp_path: Path) -> None:
     try:
         decode(group, None, 4)
         os.kill(group.followers.followers[0].pid, signal.SIGKILL)  # type: ignore[union-attr]
-        started = time.monotonic()
+        # Raised, not hung until a collective's timeout (pytest's timeout would end a hang).
         with pytest.raises(RankGroupError, match="killed by SIGKILL"):
             decode(group, None, 4)
-        assert time.monotonic() - started < 30
     finally:
         group.close()
