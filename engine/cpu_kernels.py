@@ -9,6 +9,8 @@ AVX-512 VNNI, no compiler), `load()` says so once in the log and the engine keep
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -17,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -57,6 +60,24 @@ def _put_ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
 
 
+def kernel_name() -> str:
+    """The build's name: a digest of the source and of this CPU's flags."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join(sorted(cpu_flags())).encode())
+    return f"tandem_cpu_{digest.hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Held by one process at a time; released by the kernel if its holder dies."""
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @functools.cache
 def load() -> bool:
     """Build (the first time on this machine: 10-60 s) and load the kernels; False, with
@@ -69,19 +90,24 @@ def load() -> bool:
     from torch.utils import cpp_extension
 
     _put_ninja_on_path()
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join(sorted(cpu_flags())).encode())
-    name = f"tandem_cpu_{digest.hexdigest()[:12]}"
+    name = kernel_name()
     log.info("loading native CPU kernels %s (compiled on first use: about 10-60 s)", name)
     started = time.monotonic()
     try:
-        cpp_extension.load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        with _exclusive(build_dir / "tandem.lock"):
+            # torch's own lock is a file: a process killed while it held it (a worker killed
+            # while starting) leaves it behind, and every later load would wait on it forever.
+            # Ours is an flock, which dies with its holder; holding it, torch's is stale.
+            (build_dir / "lock").unlink(missing_ok=True)
+            cpp_extension.load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                is_python_module=False,
+            )
     except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
         log.warning("native CPU kernels could not be built (%s); using PyTorch's", err)
         return False

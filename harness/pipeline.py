@@ -149,7 +149,13 @@ def pipeline(
                 running.metrics[name] = url
             if line.startswith("http "):
                 running.http_url = line.split()[1]
-        yield running
+        try:
+            yield running
+        except BaseException:
+            # pytest shows captured stderr with the failure: what the processes said is there.
+            sys.stderr.write(f"--- tandem serve's log ({log_path}), last lines ---\n")
+            sys.stderr.write(running.log()[-12000:])
+            raise
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

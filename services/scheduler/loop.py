@@ -30,6 +30,8 @@ from services.scheduler.worker_link import WorkerGone, WorkerLink
 from tandem.internal.v1 import hotpath_pb2 as hp
 
 log = logging.getLogger(__name__)
+# Between failed attempts to attach the worker (each waits for it on its own first).
+RECONNECT_PAUSE_S = 0.5
 
 
 @dataclass
@@ -75,7 +77,7 @@ class StepLoop:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._connect()
+        await self._reconnect()
         self._tasks = [
             asyncio.create_task(self._plan_loop()),
             asyncio.create_task(self._receive_loop()),
@@ -220,7 +222,21 @@ class StepLoop:
         self.records.clear()
         self.seq_ids.clear()
         self.worker_restarts += 1
-        await self._connect()
+        await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        """Attach the worker again, however many attempts it takes: an exception that left this
+        task would leave the scheduler without a worker for good, and say nothing."""
+        while True:
+            try:
+                await self._connect()
+                return
+            except WorkerGone as err:
+                log.warning("no worker attached at %s (%s); trying again", self.link.address, err)
+            except Exception:
+                log.exception("attaching the worker at %s failed; trying again", self.link.address)
+            await self.link.reopen()
+            await asyncio.sleep(RECONNECT_PAUSE_S)
 
     # -- events to tokenizers ------------------------------------------------------------
 

@@ -22,6 +22,8 @@ from tandem.internal.v1 import worker_pb2 as wpb
 from tandem.internal.v1 import worker_pb2_grpc
 
 STEP_RING_BYTES = 16 << 20
+# How long one attempt to attach waits for the worker before it is made again, on a new channel.
+ATTACH_WAIT_S = 30.0
 HOP_SAMPLES = 2048
 
 
@@ -55,18 +57,8 @@ class WorkerLink:
     ) -> None:
         self.address = address
         self.shared_memory = shared_memory
-        options = [
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
-            # A restarted worker is found within a second or two, not gRPC's default minutes.
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
-        if credentials is not None:
-            self.channel = aio.secure_channel(address, credentials, options)
-        else:
-            self.channel = aio.insecure_channel(address, options)
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.credentials = credentials
+        self.channel, self.stub = self._open_channel()
         self.steps: RingProducer | None = None
         self.results: RingConsumer | None = None
         # Over gRPC, steps are calls made one after another (the worker runs plans in order)
@@ -84,8 +76,31 @@ class WorkerLink:
         self.last_outcome_ns = 0
         self.broken = ""  # why this side gave the rings up (abandon), until the next connect
 
+    def _open_channel(self) -> tuple[aio.Channel, worker_pb2_grpc.WorkerStub]:
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+            # A restarted worker is found within a second or two, not gRPC's default minutes.
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        if self.credentials is not None:
+            channel = aio.secure_channel(self.address, self.credentials, options)
+        else:
+            channel = aio.insecure_channel(self.address, options)
+        return channel, worker_pb2_grpc.WorkerStub(channel)
+
+    async def reopen(self) -> None:
+        """A new channel: after a failed attach, nothing of the old connection is trusted."""
+        old = self.channel
+        self.channel, self.stub = self._open_channel()
+        await old.close()
+
     async def connect(self) -> hp.ModelDescription:
-        """Wait for the worker to be up (gRPC reconnects with backoff), then attach the rings."""
+        """Wait for the worker to be up (gRPC reconnects with backoff), then attach the rings.
+
+        Each call waits at most ATTACH_WAIT_S for the worker (DEADLINE_EXCEEDED then): the caller
+        tries again, so a wait that went wrong cannot last forever."""
         self.close_rings()
         self.broken = ""
         self.connection += 1
@@ -94,15 +109,25 @@ class WorkerLink:
                 queue.get_nowait()
         self.sent_at.clear()
         self.last_outcome_ns = 0
-        description = await self.stub.Describe(wpb.DescribeRequest(), wait_for_ready=True)
-        if not self.shared_memory and self._sender is None:
-            self._sender = asyncio.create_task(self._send_calls())
-        # Attach over either transport: the worker forgets the sequences of a scheduler before.
-        self.steps = RingProducer.create(STEP_RING_BYTES) if self.shared_memory else None
-        request = wpb.WorkerAttachRequest(step_ring=self.steps.name if self.steps else "")
-        reply = await self.stub.Attach(request, wait_for_ready=True)
-        if self.steps is not None:
-            self.results = RingConsumer.attach(reply.result_ring)
+        try:
+            description = await self.stub.Describe(
+                wpb.DescribeRequest(), wait_for_ready=True, timeout=ATTACH_WAIT_S
+            )
+            if not self.shared_memory and self._sender is None:
+                self._sender = asyncio.create_task(self._send_calls())
+            # Attach over either transport: the worker forgets the sequences of a scheduler
+            # before.
+            self.steps = RingProducer.create(STEP_RING_BYTES) if self.shared_memory else None
+            request = wpb.WorkerAttachRequest(step_ring=self.steps.name if self.steps else "")
+            reply = await self.stub.Attach(request, wait_for_ready=True, timeout=ATTACH_WAIT_S)
+            if self.steps is not None:
+                self.results = RingConsumer.attach(reply.result_ring)
+        except grpc.RpcError as err:
+            self.close_rings()
+            raise WorkerGone(f"{err.code().name}: {err.details()}") from err
+        except ShmError as err:
+            self.close_rings()
+            raise WorkerGone(f"the rings: {err}") from err
         return description
 
     def send(self, desc: hp.StepDescriptor) -> None:

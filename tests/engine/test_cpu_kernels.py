@@ -3,6 +3,12 @@ input (an error naming the problem, never a crash or a read outside the pool).""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -130,3 +136,22 @@ def test_paged_decode_refuses_a_block_outside_the_pool() -> None:
         torch.ops.tandem.paged_decode(q, pool, torch.tensor([[0, 2]]), torch.tensor([20]), 16)
     with pytest.raises(RuntimeError, match="does not fit its block table"):
         torch.ops.tandem.paged_decode(q, pool, torch.tensor([[0]]), torch.tensor([17]), 16)
+
+
+def test_a_lock_left_by_a_killed_process_does_not_stop_the_next_load(tmp_path: Path) -> None:
+    """torch's build lock is a file: a worker killed while it held it used to leave every later
+    worker waiting on it forever. A copy of this machine's build, with such a file in it, loads."""
+    from torch.utils import cpp_extension
+
+    built_dir = Path(cpp_extension._get_build_directory(cpu_kernels.kernel_name(), verbose=False))
+    copy = tmp_path / built_dir.name
+    shutil.copytree(built_dir, copy)
+    (copy / "lock").touch()  # what a process killed while holding torch's lock leaves
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    code = "from engine import cpu_kernels; print(cpu_kernels.load())"
+    # The bound is for a hang, never a speed: the copy is already built, loading takes seconds.
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert not (copy / "lock").exists()
