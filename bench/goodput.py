@@ -1,12 +1,13 @@
-"""Goodput through the pipeline: Poisson arrivals at increasing rates (`tandem bench --rate`),
-and the highest rate that holds TTFT p99 ≤ 500 ms and ITL p99 ≤ 50 ms, as vLLM and SGLang
-publish it.
+"""Goodput through the pipeline: the highest Poisson arrival rate (`tandem bench --rate`) that
+holds TTFT p99 ≤ 500 ms and ITL p99 ≤ 50 ms, as vLLM and SGLang publish it.
 
-    python -m bench.goodput [--model llama3-8b-random] [--device cuda] [--requests 64]
+    python -m bench.goodput [--model llama3-8b-random] [--device cuda] [--duration 15]
 
 Two workloads: prompt 512 / output 256, and a chat-like mix (prompt 400, output 200, each length
-drawn uniformly within ±90%). Every run sends other prompts (another seed): the scheduler's
-prefix cache outlives a run. Prints one line a run and the goodput of each workload.
+drawn uniformly within ±90%). For each, the rate grows by half from where it starts until one
+misses the SLO, then the bracket between the last rate held and the first missed is halved. Each
+rate sends about `--duration` seconds of arrivals, so the high rates reach a steady state.
+Prints one line a run and each workload's bracket; writes every run's summary as JSON.
 """
 
 from __future__ import annotations
@@ -27,20 +28,94 @@ from harness.pipeline import pipeline
 from services.cli import main as tandem
 
 TTFT_P99_S, ITL_P99_S = 0.5, 0.05
+# Each workload's flags and the rate its search starts from (req/s).
 WORKLOADS = {
-    "512/256": (["--prompt-len", "512", "--output-len", "256"], (4, 8, 12, 16)),
+    "512/256": (["--prompt-len", "512", "--output-len", "256"], 12.0),
     "chat-like mix": (
         ["--prompt-len", "400", "--output-len", "200", "--random-range", "0.9"],
-        (6, 12, 18),
+        12.0,
     ),
 }
+
+
+class Sweep:
+    """Runs `tandem bench --rate` against one pipeline; each run sends other prompts (another
+    seed): the scheduler's prefix cache outlives a run."""
+
+    def __init__(self, address: str, log_dir: Path, duration_s: float, min_requests: int):
+        self.address, self.log_dir = address, log_dir
+        self.duration_s, self.min_requests = duration_s, min_requests
+        self.seed = 100
+        self.results: list[dict[str, Any]] = []
+
+    def run(self, name: str, shape: list[str], rate: float) -> bool:
+        """One rate; whether it held the SLO."""
+        self.seed += 1
+        out = self.log_dir / f"run{self.seed}.json"
+        # Arrivals span about duration_s at every rate, so a high rate reaches a steady state.
+        requests = max(self.min_requests, round(rate * self.duration_s))
+        load = ["--rate", str(rate), "--num-requests", str(requests), "--warmup", "2"]
+        load += ["--ignore-eos", "--seed", str(self.seed), "--no-progress", "--json", str(out)]
+        tandem(["bench", "--backend", "tandem", "--url", self.address, *shape, *load])
+        summary = json.loads(out.read_text())["runs"][0]["summary"][0]
+        ttft, itl = summary["ttft_s"]["p99"], summary["itl_s"]["p99"]
+        ok = ttft <= TTFT_P99_S and itl <= ITL_P99_S and not summary["failed"]
+        self.results.append(
+            {
+                "workload": name,
+                "rate": rate,
+                "requests": requests,
+                "meets_slo": ok,
+                "summary": summary,
+            }
+        )
+        print(
+            f"{name:<14} {rate:>5.1f} req/s ({requests} requests): "
+            f"{summary['request_throughput']:5.2f} req/s done, "
+            f"{summary['output_throughput']:7.0f} tok/s, TTFT p99 {ttft * 1000:6.0f} ms, "
+            f"ITL p99 {itl * 1000:5.1f} ms {'meets' if ok else 'misses'} the SLO",
+            flush=True,
+        )
+        return ok
+
+    def search(
+        self, name: str, shape: list[str], start: float, max_rate: float, bisections: int
+    ) -> tuple[float, float | None]:
+        """The highest rate found to hold the SLO, and the lowest found to miss it (None if
+        every rate up to max_rate held): rates grow by half until one misses, then the bracket
+        is halved `bisections` times."""
+        held, missed = 0.0, None
+        rate = start
+        while rate <= max_rate:
+            if self.run(name, shape, rate):
+                held, rate = rate, round(rate * 1.5, 1)
+            else:
+                missed = rate
+                break
+        for _ in range(bisections if missed is not None else 0):
+            rate = round((held + missed) / 2, 1)  # type: ignore[operator]
+            if rate in (held, missed):
+                break
+            if self.run(name, shape, rate):
+                held = rate
+            else:
+                missed = rate
+        return held, missed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama3-8b-random")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--requests", type=int, default=64, help="measured requests a rate")
+    parser.add_argument(
+        "--duration", type=float, default=15.0, help="seconds of arrivals at each rate"
+    )
+    parser.add_argument("--min-requests", type=int, default=64, help="measured requests a rate")
+    parser.add_argument("--max-rate", type=float, default=64.0, help="req/s the search stops at")
+    parser.add_argument(
+        "--bisections", type=int, default=2, help="halvings of the held/missed bracket"
+    )
+    parser.add_argument("--start", type=float, help="req/s to start from (default per workload)")
     parser.add_argument(
         "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "goodput.json"
     )
@@ -49,34 +124,26 @@ def main() -> None:
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16", "--kv-cache-mb", "40000", "--ready-timeout", "600"]
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-goodput-"))
-    results: list[dict[str, Any]] = []
-    seed = 100
+    found: dict[str, tuple[float, float | None]] = {}
     with pipeline(log_dir, *flags) as served:
-        for name, (shape, rates) in WORKLOADS.items():
-            for rate in rates:
-                seed += 1
-                out = log_dir / f"run{seed}.json"
-                load = ["--rate", str(rate), "--num-requests", str(args.requests), "--warmup", "2"]
-                load += ["--ignore-eos", "--seed", str(seed), "--no-progress", "--json", str(out)]
-                tandem(["bench", "--backend", "tandem", "--url", served.address, *shape, *load])
-                summary = json.loads(out.read_text())["runs"][0]["summary"][0]
-                ttft, itl = summary["ttft_s"]["p99"], summary["itl_s"]["p99"]
-                ok = ttft <= TTFT_P99_S and itl <= ITL_P99_S and not summary["failed"]
-                results.append(
-                    {"workload": name, "rate": rate, "meets_slo": ok, "summary": summary}
-                )
-                print(
-                    f"{name:<14} {rate:>5.1f} req/s: {summary['request_throughput']:5.2f} req/s "
-                    f"done, {summary['output_throughput']:7.0f} tok/s, TTFT p99 "
-                    f"{ttft * 1000:6.0f} ms, ITL p99 {itl * 1000:5.1f} ms "
-                    f"{'meets' if ok else 'misses'} the SLO",
-                    flush=True,
-                )
-    for name in WORKLOADS:
-        held = [r["rate"] for r in results if r["workload"] == name and r["meets_slo"]]
-        print(f"goodput {name}: {max(held) if held else 0} req/s (of the rates tried)")
+        sweep = Sweep(served.address, log_dir, args.duration, args.min_requests)
+        for name, (shape, start) in WORKLOADS.items():
+            found[name] = sweep.search(
+                name, shape, args.start or start, args.max_rate, args.bisections
+            )
+    for name, (held, missed) in found.items():
+        above = f"{missed} req/s missed it" if missed is not None else "no rate tried missed it"
+        print(f"goodput {name}: {held} req/s held the SLO; {above}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    args.json.write_text(
+        json.dumps(
+            {
+                "found": {k: {"held": h, "missed": m} for k, (h, m) in found.items()},
+                "runs": sweep.results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":
