@@ -34,7 +34,7 @@ DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 ENV_FILE = DEPLOY / ".env"
 
-PORT_FLAGS = frozenset({"--port", "--admin-port", "--metrics-port"})
+PORT_FLAGS = frozenset({"--port", "--http-port", "--admin-port", "--metrics-port"})
 BIND_FLAGS = frozenset({"--host", "--metrics-host"})
 LOOPBACK = frozenset({"127.0.0.1", "localhost"})
 _VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")

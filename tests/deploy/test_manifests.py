@@ -205,29 +205,47 @@ def test_tracing_goes_to_jaeger(compose: dict[str, Any]) -> None:
 def test_envoy_balances_over_the_tokenizer_replicas(compose: dict[str, Any]) -> None:
     services = compose["services"]
     tokenizer = services["tokenizer"]
-    # No published port: N replicas would fight over it; Envoy's is the public one.
+    # No published port: N replicas would fight over it; Envoy's are the public ones.
     assert "ports" not in tokenizer
     envoy = yaml.safe_load((DEPLOY / "envoy" / "envoy.yaml").read_text())
-    [cluster] = envoy["static_resources"]["clusters"]
-    [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    upstream = endpoint["endpoint"]["address"]["socket_address"]
-    assert upstream == {
-        "address": "tokenizer",
-        "port_value": int(flag(tokenizer["command"], "--port")),
-    }
-    assert cluster["type"] == "STRICT_DNS"  # every replica's A record, re-resolved
-    assert cluster["health_checks"][0]["grpc_health_check"] == {}
-    http2 = cluster["typed_extension_protocol_options"][
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    listeners = {x["name"]: x for x in envoy["static_resources"]["listeners"]}
+    published = {int(p.rsplit(":", 1)[1]): p for p in services["envoy"]["ports"]}
+    # Each API: a listener, published on loopback by default (TANDEM_BIND opens it), routing
+    # without a deadline (a stream lasts as long as generation does) to a cluster of every
+    # replica's port of that API, re-resolved through Docker's DNS and health-checked.
+    for listener_name, cluster_name, flag_name in (
+        ("generation", "tokenizers", "--port"),
+        ("openai", "tokenizers_http", "--http-port"),
+    ):
+        cluster = clusters[cluster_name]
+        [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        upstream = endpoint["endpoint"]["address"]["socket_address"]
+        assert upstream == {
+            "address": "tokenizer",
+            "port_value": int(flag(tokenizer["command"], flag_name)),
+        }
+        assert cluster["type"] == "STRICT_DNS"  # every replica's A record, re-resolved
+        listener = listeners[listener_name]
+        port = listener["address"]["socket_address"]["port_value"]
+        assert published[port] == f"127.0.0.1:{port}:{port}"
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        assert manager["stream_idle_timeout"] == "0s"  # a request may wait in the queue
+        route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+        assert route["cluster"] == cluster_name
+        assert route["timeout"] == "0s"
+    assert clusters["tokenizers"]["health_checks"][0]["grpc_health_check"] == {}
+    http2 = clusters["tokenizers"]["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
     ]["explicit_http_config"]
     assert "http2_protocol_options" in http2
-    [listener] = envoy["static_resources"]["listeners"]
-    [published] = services["envoy"]["ports"]
-    assert int(published.rsplit(":", 1)[1]) == listener["address"]["socket_address"]["port_value"]
-    assert published.startswith("127.0.0.1:50051:")  # loopback by default; TANDEM_BIND opens it
-    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
-    assert route["timeout"] == "0s"  # a stream lasts as long as generation does
+    # The HTTP API's replicas answer /health with 503 while they have no scheduler.
+    http_check = clusters["tokenizers_http"]["health_checks"][0]["http_health_check"]
+    assert http_check == {"path": "/health"}
+    # A POST one replica has begun to answer is never sent to another.
+    openai_route = listeners["openai"]["filter_chains"][0]["filters"][0]["typed_config"]
+    retry = openai_route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
+    assert set(retry["retry_on"].split(",")) <= {"connect-failure", "refused-stream"}
     assert services["envoy"]["volumes"] == ["./envoy/envoy.yaml:/etc/envoy/envoy.yaml:ro"]
 
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
@@ -367,6 +385,16 @@ def test_the_otlp_endpoint_comes_from_the_configmap() -> None:
             assert {"configMapRef": {"name": "tandem-config"}} in container["envFrom"]
             names = {e["name"]: e["value"] for e in container["env"]}
             assert names["OTEL_SERVICE_NAME"] == f"tandem-{container['name']}"
+
+
+def test_the_kubernetes_service_serves_both_public_apis() -> None:
+    tokenizer = containers_of("tandem-tokenizer")["tokenizer"]
+    named = {p["name"]: p["containerPort"] for p in tokenizer["ports"]}
+    assert named["grpc"] == int(flag(tokenizer["command"], "--port"))
+    assert named["http"] == int(flag(tokenizer["command"], "--http-port"))
+    ports = {p["name"]: p for p in k8s_kind("Service", "tandem")["spec"]["ports"]}
+    assert {ports[name]["targetPort"] for name in ("grpc", "http")} == {"grpc", "http"}
+    assert ports["http"]["port"] == 8000
 
 
 def test_the_tokenizers_are_scaled_horizontally() -> None:
