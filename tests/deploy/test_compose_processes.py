@@ -315,7 +315,9 @@ def test_spans_of_every_stage_reach_the_otlp_endpoint(
 
     def complete(spans: list[ReceivedSpan]) -> bool:
         services = {s.service for s in spans if s.trace_id in trace_ids}
-        return services >= {"tandem-tokenizer", "tandem-scheduler", "tandem-worker"}
+        rooted = {s.trace_id for s in spans if s.name == "Generate"}
+        stages = {"tandem-tokenizer", "tandem-scheduler", "tandem-worker"}
+        return services >= stages and rooted >= trace_ids
 
     spans = stack.receiver.wait_for(complete, SPAN_WAIT_S)
     roots = [s for s in spans if s.name == "Generate" and s.trace_id in trace_ids]
