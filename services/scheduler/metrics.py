@@ -10,86 +10,65 @@ from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from services.scheduler.state import SchedulerStats
-from services.telemetry.metrics_server import QUEUE_BUCKETS, REQUEST_BUCKETS, STEP_BUCKETS
-
-_LABELS = ("model_name",)
+from services.telemetry.metrics_server import (
+    QUEUE_BUCKETS,
+    REQUEST_BUCKETS,
+    STEP_BUCKETS,
+    Families,
+)
 
 
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.model_name = ""
-        r, labels = self.registry, _LABELS
-        self._running = Gauge(
-            "tandem_num_requests_running", "Requests in the running batch.", labels, registry=r
-        )
-        self._waiting = Gauge(
+        f = Families(self.registry)
+        self._running = f.gauge("tandem_num_requests_running", "Requests in the running batch.")
+        self._waiting = f.gauge(
             "tandem_num_requests_waiting",
             "Requests waiting to be scheduled (preempted ones included).",
-            labels,
-            registry=r,
         )
-        self._kv_usage = Gauge(
-            "tandem_kv_cache_usage_perc",
-            "Share of the KV-cache blocks held by requests (0 to 1).",
-            labels,
-            registry=r,
+        self._kv_usage = f.gauge(
+            "tandem_kv_cache_usage_perc", "Share of the KV-cache blocks held by requests (0 to 1)."
         )
-        self._prefix_queries = Counter(
-            "tandem_prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            labels,
-            registry=r,
+        self._prefix_queries = f.counter(
+            "tandem_prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
-        self._prefix_hits = Counter(
-            "tandem_prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            labels,
-            registry=r,
+        self._prefix_hits = f.counter(
+            "tandem_prefix_cache_hits", "Prompt tokens found in the prefix cache."
         )
-        self._preemptions = Counter(
-            "tandem_num_preemptions", "Requests preempted (KV or priority).", labels, registry=r
+        self._preemptions = f.counter(
+            "tandem_num_preemptions", "Requests preempted (KV or priority)."
         )
-        self._steps = Counter(
-            "tandem_scheduler_steps", "Steps planned and sent to the worker.", labels, registry=r
-        )
-        self._queue = Histogram(
+        self._steps = f.counter("tandem_scheduler_steps", "Steps planned and sent to the worker.")
+        self._queue = f.histogram(
             "tandem_request_queue_time_seconds",
             "Time from arrival at the scheduler to first admission.",
-            labels,
-            registry=r,
-            buckets=QUEUE_BUCKETS,
+            QUEUE_BUCKETS,
         )
-        self._prefill = Histogram(
+        self._prefill = f.histogram(
             "tandem_request_prefill_time_seconds",
             "Time from first admission to the first generated token.",
-            labels,
-            registry=r,
-            buckets=REQUEST_BUCKETS,
+            REQUEST_BUCKETS,
         )
-        self._decode = Histogram(
+        self._decode = f.histogram(
             "tandem_request_decode_time_seconds",
             "Time from the first generated token to the last.",
-            labels,
-            registry=r,
-            buckets=REQUEST_BUCKETS,
+            REQUEST_BUCKETS,
         )
-        self._inference = Histogram(
+        self._inference = f.histogram(
             "tandem_request_inference_time_seconds",
             "Time from first admission to the end (prefill + decode, preemptions included).",
-            labels,
-            registry=r,
-            buckets=REQUEST_BUCKETS,
+            REQUEST_BUCKETS,
         )
-        self._hop = Histogram(
+        self._hop = f.histogram(
             "tandem_step_hop_seconds",
             "One-way latency of a step record, scheduler to worker (to_worker) and back.",
-            (*labels, "direction"),
-            registry=r,
-            buckets=STEP_BUCKETS,
+            STEP_BUCKETS,
+            "direction",
         )
         self._last = (0, 0, 0, 0)
         self.set_model(self.model_name)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,24 @@ def token_buckets(max_len: int) -> tuple[float, ...]:
                 return tuple(out)
             out.append(value)
         exponent += 1
+
+
+class Families:
+    """Declares one process's families in its registry, each labelled by `model_name` first."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, ("model_name", *labels), registry=self.registry)
+
+    def gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(name, doc, ("model_name", *labels), registry=self.registry)
+
+    def histogram(self, name: str, doc: str, buckets: Sequence[float], *labels: str) -> Histogram:
+        return Histogram(
+            name, doc, ("model_name", *labels), registry=self.registry, buckets=buckets
+        )
 
 
 class MetricsServer:

@@ -6,96 +6,70 @@ first token, inter-token latency, end-to-end latency, token counts and outcomes.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from services.telemetry.metrics_server import (
     ITL_BUCKETS,
     REQUEST_BUCKETS,
     TTFT_BUCKETS,
+    Families,
     token_buckets,
 )
-
-_LABELS = ("model_name",)
 
 
 class TokenizerMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r, labels = self.registry, _LABELS
-        self.ttft = Histogram(
+        self.model_name = m = model_name
+        f = Families(self.registry)
+        self.ttft = f.histogram(
             "tandem_time_to_first_token_seconds",
             "Time from the Generate call to its first generated token.",
-            labels,
-            registry=r,
-            buckets=TTFT_BUCKETS,
-        ).labels(model_name)
-        self.itl = Histogram(
+            TTFT_BUCKETS,
+        ).labels(m)
+        self.itl = f.histogram(
             "tandem_inter_token_latency_seconds",
             "Time between two messages of new tokens of one request.",
-            labels,
-            registry=r,
-            buckets=ITL_BUCKETS,
-        ).labels(model_name)
-        self.tpot = Histogram(
+            ITL_BUCKETS,
+        ).labels(m)
+        self.tpot = f.histogram(
             "tandem_request_time_per_output_token_seconds",
             "Per request: (end-to-end latency - time to first token) / (output tokens - 1).",
-            labels,
-            registry=r,
-            buckets=ITL_BUCKETS,
-        ).labels(model_name)
-        self.e2e = Histogram(
+            ITL_BUCKETS,
+        ).labels(m)
+        self.e2e = f.histogram(
             "tandem_e2e_request_latency_seconds",
             "Time from the Generate call to its last message.",
-            labels,
-            registry=r,
-            buckets=REQUEST_BUCKETS,
-        ).labels(model_name)
+            REQUEST_BUCKETS,
+        ).labels(m)
         token_edges = token_buckets(1 << 20)
-        self.request_prompt_tokens = Histogram(
-            "tandem_request_prompt_tokens",
-            "Prompt tokens per finished request.",
-            labels,
-            registry=r,
-            buckets=token_edges,
-        ).labels(model_name)
-        self.request_generation_tokens = Histogram(
+        self.request_prompt_tokens = f.histogram(
+            "tandem_request_prompt_tokens", "Prompt tokens per finished request.", token_edges
+        ).labels(m)
+        self.request_generation_tokens = f.histogram(
             "tandem_request_generation_tokens",
             "Generated tokens per finished request.",
-            labels,
-            registry=r,
-            buckets=token_edges,
-        ).labels(model_name)
-        self.prompt_tokens = Counter(
-            "tandem_prompt_tokens",
-            "Prompt tokens of the requests submitted to the scheduler.",
-            labels,
-            registry=r,
-        ).labels(model_name)
-        self.generation_tokens = Counter(
-            "tandem_generation_tokens",
-            "Tokens streamed to clients.",
-            labels,
-            registry=r,
-        ).labels(model_name)
-        self._outcomes = Counter(
+            token_edges,
+        ).labels(m)
+        self.prompt_tokens = f.counter(
+            "tandem_prompt_tokens", "Prompt tokens of the requests submitted to the scheduler."
+        ).labels(m)
+        self.generation_tokens = f.counter(
+            "tandem_generation_tokens", "Tokens streamed to clients."
+        ).labels(m)
+        self._outcomes = f.counter(
             "tandem_request_success",
             "Generate calls by how they ended: stop or length, or the lower-cased gRPC status "
             "(cancelled, deadline_exceeded, invalid_argument, resource_exhausted, ...).",
-            (*labels, "finished_reason"),
-            registry=r,
+            "finished_reason",
         )
-        self.model_name = model_name
-        self.running = Gauge(
-            "tandem_tokenizer_requests_in_flight",
-            "Generate calls this tokenizer is serving now.",
-            labels,
-            registry=r,
-        ).labels(model_name)
-        self.shm_in_use = Gauge(
+        self.running = f.gauge(
+            "tandem_tokenizer_requests_in_flight", "Generate calls this tokenizer is serving now."
+        ).labels(m)
+        self.shm_in_use = f.gauge(
             "tandem_shm_bytes_in_use",
             "Bytes of shared memory holding live data (this process's segments).",
-            (*labels, "segment"),
-            registry=r,
+            "segment",
         )
 
     def outcome(self, finished_reason: str) -> None:
