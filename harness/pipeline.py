@@ -1,10 +1,11 @@
 """`tandem serve` as a real subprocess, for end-to-end tests and benchmarks.
 
-Free ports are picked per pipeline, the environment is copied (never mutated; `env` adds to the
-copy), readiness is the launcher's "tandem serving" line, and a launcher that exits while
-starting fails at once with the tail of its log. The launcher's log is read as it is written:
-each "started NAME (pid N) at ADDRESS" line records a process (and calls `on_started[NAME]`,
-which is how a test kills a process at a chosen moment of the start-up).
+Free ports are picked per pipeline (a launch that finds one taken starts over on new ones), the
+environment is copied (never mutated; `env` adds to the copy), readiness is the launcher's
+"tandem serving" line, and a launcher that exits while starting fails at once with the tail of
+its log. The launcher's log is read as it is written: each "started NAME (pid N) at ADDRESS"
+line records a process (and calls `on_started[NAME]`, which is how a test kills a process at a
+chosen moment of the start-up).
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from pathlib import Path
 from services.launcher import free_port
 
 READY_TIMEOUT_S = 240.0
+# A port picked free (here, or by the launcher for its children) may be taken by another process
+# before the one it is meant for binds it: a launch that fails to bind starts over on new ports.
+LAUNCH_ATTEMPTS = 3
+_BIND_FAILED = re.compile(r"failed to bind|could not bind|address already in use", re.IGNORECASE)
 _STARTED = re.compile(r"started (\S+) \(pid (\d+)\) at (\S+)")
+
+
+class PortTaken(RuntimeError):
+    """tandem serve exited while starting because a port it was given was no longer free."""
 
 
 @dataclass
@@ -84,6 +93,31 @@ def pipeline(
     env: Mapping[str, str] | None = None,
     on_started: Mapping[str, Callable[[Pipeline], None]] | None = None,
 ) -> Iterator[Pipeline]:
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        try:
+            running = _launch(log_dir, flags, env, on_started)
+            break
+        except PortTaken:
+            if attempt == LAUNCH_ATTEMPTS:
+                raise
+    try:
+        yield running
+    except BaseException:
+        # pytest shows captured stderr with the failure: what the processes said is there.
+        sys.stderr.write(f"--- tandem serve's log ({running.log_path}), last lines ---\n")
+        sys.stderr.write(running.log()[-12000:])
+        raise
+    finally:
+        _stop(running.proc)
+
+
+def _launch(
+    log_dir: Path,
+    flags: tuple[str, ...],
+    env: Mapping[str, str] | None,
+    on_started: Mapping[str, Callable[[Pipeline], None]] | None,
+) -> Pipeline:
+    """`tandem serve` on new ports, once it is serving; stopped again if it never gets there."""
     port, sched, worker = free_port(), free_port(), free_port()
     http = [] if "--http-port" in flags else ["--http-port", str(free_port())]
     log_path = log_dir / f"serve-{port}.log"
@@ -128,7 +162,8 @@ def pipeline(
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=pump_log, daemon=True).start()
+    log_pump = threading.Thread(target=pump_log, daemon=True)
+    log_pump.start()
     threading.Thread(target=pump_stdout, daemon=True).start()
     try:
         while True:
@@ -139,9 +174,10 @@ def pipeline(
                     f"pipeline not ready in {READY_TIMEOUT_S} s:\n{running.log()[-3000:]}"
                 ) from None
             if line is None:
-                raise RuntimeError(
-                    f"tandem serve exited with {proc.wait()}:\n{running.log()[-3000:]}"
-                )
+                code = proc.wait()
+                log_pump.join(timeout=60)  # the whole log: it says why
+                failed = PortTaken if _BIND_FAILED.search(running.log()) else RuntimeError
+                raise failed(f"tandem serve exited with {code}:\n{running.log()[-3000:]}")
             if line.startswith("tandem serving"):
                 break
             if line.startswith("metrics "):
@@ -149,18 +185,17 @@ def pipeline(
                 running.metrics[name] = url
             if line.startswith("http "):
                 running.http_url = line.split()[1]
+    except BaseException:
+        _stop(proc)
+        raise
+    return running
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            yield running
-        except BaseException:
-            # pytest shows captured stderr with the failure: what the processes said is there.
-            sys.stderr.write(f"--- tandem serve's log ({log_path}), last lines ---\n")
-            sys.stderr.write(running.log()[-12000:])
-            raise
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

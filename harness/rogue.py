@@ -6,7 +6,7 @@ it, for the fault campaign (bench/faults/rogue.py) and the tests that keep its f
 (shm/ring.py, shm/regions.py). So that a write lands where it is meant to, `stopped()` holds the
 processes at both ends of the segment with SIGSTOP for the instant of the write, and `resume`
 lets the reader go first (the writer would otherwise publish over a ring's garbage before it is
-read).
+read); `resume_once_read` holds the writer until the ring's reader has had it.
 
 Modes:
   ring-garbage  random bytes over the record area at the producer's head, and head moved past
@@ -36,7 +36,17 @@ import posix_ipc
 
 from shm.reaper import scan
 from shm.regions import ARENA_HEADER
-from shm.ring import CTL_OFF, DATA_OFF, FILLER, HEAD, READ_SEQ, RECORD, RING_HEADER, TAIL
+from shm.ring import (
+    CONSUMER_PID,
+    CTL_OFF,
+    DATA_OFF,
+    FILLER,
+    HEAD,
+    READ_SEQ,
+    RECORD,
+    RING_HEADER,
+    TAIL,
+)
 from shm.segment import HEADER_SIZE
 
 GARBAGE_BYTES = 4096
@@ -73,6 +83,36 @@ def resume(writer: int | None, readers: Sequence[int]) -> None:
     if writer is not None:
         time.sleep(READER_HEAD_START_S)
         os.kill(writer, signal.SIGCONT)
+
+
+def resume_once_read(writer: int, readers: Sequence[int], ring: str, timeout_s: float) -> None:
+    """`resume`, the writer held until the ring's reader has read all that is published on it, or
+    let go of it: a fixed head start can pass unused on a busy machine, and the writer would then
+    publish over what the rogue wrote before it is read. TimeoutError if the reader does neither
+    within `timeout_s` (the writer continues all the same)."""
+    for pid in readers:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        read = _wait_read(ring, timeout_s)
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    if not read:
+        raise TimeoutError(f"the reader of {ring} neither read it nor let it go in {timeout_s} s")
+
+
+def _wait_read(ring: str, timeout_s: float) -> bool:
+    mm = _map(ring)
+    ctl = memoryview(mm)[CTL_OFF:DATA_OFF].cast("Q")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while ctl[CONSUMER_PID] and ctl[TAIL] < ctl[HEAD]:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+    finally:
+        ctl.release()
+        mm.close()
 
 
 @contextlib.contextmanager
@@ -140,12 +180,17 @@ def _arena(mm: mmap.mmap, mode: str, rng: random.Random, needle: bytes) -> str:
     return f"generation of block {index} bumped to {gens[index]}"
 
 
-def main(argv: list[str]) -> int:
-    mode, name, seed = argv[0], argv[1], int(argv[2])
-    needle = bytes.fromhex(argv[3]) if len(argv) > 3 else b""
+def _map(name: str) -> mmap.mmap:
     shm = posix_ipc.SharedMemory(name)
     mm = mmap.mmap(shm.fd, 0)
     shm.close_fd()
+    return mm
+
+
+def main(argv: list[str]) -> int:
+    mode, name, seed = argv[0], argv[1], int(argv[2])
+    needle = bytes.fromhex(argv[3]) if len(argv) > 3 else b""
+    mm = _map(name)
     rng = random.Random(seed)
     print(_ring(mm, mode, rng) if mode.startswith("ring") else _arena(mm, mode, rng, needle))
     return 0

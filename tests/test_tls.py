@@ -63,13 +63,13 @@ async def test_a_server_with_tls_serves_only_clients_with_a_certificate(
     request = health_pb2.HealthCheckRequest()
     try:
         async with aio.secure_channel(address, channel_credentials(client_side)) as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=10)
+            reply = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=30)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         no_cert = grpc.ssl_channel_credentials(Path(certs["ca"]).read_bytes())
         for channel in (aio.secure_channel(address, no_cert), aio.insecure_channel(address)):
             async with channel:
                 with pytest.raises(aio.AioRpcError) as err:
-                    await health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
+                    await health_pb2_grpc.HealthStub(channel).Check(request, timeout=30)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(0)

@@ -169,7 +169,9 @@ class PortMap:
 
     def local(self, instance: str, port: int) -> int:
         if (instance, port) not in self.ports:
-            self.ports[(instance, port)] = free_port()
+            # A port picked free is not held: a later pick may be an earlier one again.
+            given = set(self.ports.values())
+            self.ports[(instance, port)] = next(p for p in iter(free_port, 0) if p not in given)
         return self.ports[(instance, port)]
 
     def known(self, instance: str, port: int) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -98,6 +99,15 @@ def restarted(served: Pipeline, name: str) -> bool:
     return len(served.child_pids().get(name, [])) >= 2
 
 
+def wait_restarted(served: Pipeline, name: str) -> None:
+    """Until the launcher's log shows `name` started again: it restarts a crashed process after a
+    back-off, maybe after it printed that it serves, and another thread reads its log."""
+    deadline = time.monotonic() + RESTART_S
+    while not restarted(served, name):
+        assert time.monotonic() < deadline, f"{name} was not started again in {RESTART_S:.0f} s"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_worker_killed_under_load(tmp_path: Path, transport: str) -> None:
     flags = ("--max-num-seqs", str(STREAMS), "--transport", transport)
@@ -140,7 +150,7 @@ def test_scheduler_killed_under_load(tmp_path: Path, transport: str) -> None:
         # one's sequences, so the probe's penalties see only its own history.
         again = asyncio.run(until_served(served.address, PROBE))
         assert again.token_ids == before.token_ids
-        assert restarted(served, "scheduler")
+        wait_restarted(served, "scheduler")
         stats = asyncio.run(stats_when(served.scheduler_address, idle, "an idle pipeline"))
         assert stats.kv_blocks_used == 0 and stats.finished["length"] == 1
         assert not shm_names_of(dead), "the killed scheduler's segments were not reaped"
@@ -177,7 +187,7 @@ def test_one_tokenizer_of_two_killed(tmp_path: Path, transport: str) -> None:
             assert result.code() == grpc.StatusCode.UNAVAILABLE
         assert all(s.finish_reason == "length" and len(s.token_ids) == 48 for s in kept)
         assert stats.kv_blocks_used == 0  # type: ignore[attr-defined]
-        assert restarted(served, "tokenizer-1")
+        wait_restarted(served, "tokenizer-1")
         back = asyncio.run(stream(served.latest("tokenizer-1").address, greedy(text="Hi")))
         assert back.finish_reason in ("stop", "length")
         assert not shm_names_of([one.pid])
@@ -200,7 +210,7 @@ def test_a_crash_during_start_up_is_recovered(tmp_path: Path, when: str, victim:
 
     with pipeline(tmp_path, "--tokenizers", "2", on_started={when: kill}) as served:
         assert killed, f"{when} never started"
-        assert restarted(served, victim)
+        wait_restarted(served, victim)
         got = asyncio.run(until_served(served.address, greedy(text="Still here?", max_tokens=4)))
         assert len(got.token_ids) == 4
         for name in ("tokenizer-1", "tokenizer-2"):
@@ -256,6 +266,7 @@ def killed_rank(served: Pipeline) -> None:
     ended, again = asyncio.run(scenario())
     assert isinstance(ended, aio.AioRpcError) and ended.code() == grpc.StatusCode.UNAVAILABLE
     assert len(again.token_ids) == 4
+    wait_restarted(served, "worker")
     assert served.latest("worker").pid != worker  # the launcher started the worker again
     assert len(follower_ranks(served.latest("worker").pid)) == 1
     assert not shm_names_of([worker, rank])

@@ -236,7 +236,9 @@ def test_cancelling_stops_the_request_within_steps_and_frees_its_kv(served: Pipe
 
 
 def test_stop_strings_end_the_text_and_the_work(served: Pipeline, reference: Reference) -> None:
-    request = greedy(text="Count from 1 to 50: 1, 2, 3,", max_tokens=64, ignore_eos=True)
+    # Far more tokens than the stop string needs: the scheduler runs on while the cancel is on
+    # its way, and must not reach the request's length first, however busy the tokenizer is.
+    request = greedy(text="Count from 1 to 50: 1, 2, 3,", max_tokens=4000, ignore_eos=True)
     ids = reference.tokenizer.encode_prompt(request.text, allow_special=True)
     want = reference.generate(ids, 64)
     stop = " 9,"

@@ -87,7 +87,7 @@ def test_a_corrupt_ring_ends_its_link_and_only_that(
         try:
             wrote = rogue.scribble(mode, name, seed=7)
         finally:
-            await asyncio.to_thread(rogue.resume, writer, readers)
+            await asyncio.to_thread(rogue.resume_once_read, writer, readers, name, WAIT_S)
         assert "nothing written" not in wrote, wrote
         async with asyncio.timeout(WAIT_S):  # none hangs
             ended = list(await asyncio.gather(*tasks, return_exceptions=True))

@@ -69,7 +69,9 @@ def test_codes_linear_refuses_a_wrong_width() -> None:
 
 
 def test_add_rms_norm_equals_torch() -> None:
-    x, residual, weight = torch.randn(5, 200), torch.randn(5, 200), torch.randn(200)
+    gen = torch.Generator().manual_seed(0)
+    x, residual = torch.randn(5, 200, generator=gen), torch.randn(5, 200, generator=gen)
+    weight = torch.randn(200, generator=gen)
     normed, summed = torch.ops.tandem.add_rms_norm(x, residual, weight, 1e-5)
     assert torch.allclose(summed, x + residual)
     expected = F.rms_norm(x + residual, (200,), weight, 1e-5)
@@ -77,15 +79,16 @@ def test_add_rms_norm_equals_torch() -> None:
 
 
 def test_silu_mul_equals_torch() -> None:
-    gate_up = torch.randn(3, 2 * 40) * 4
+    gate_up = torch.randn(3, 2 * 40, generator=torch.Generator().manual_seed(0)) * 4
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.allclose(torch.ops.tandem.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5)
 
 
 def test_rope_and_store_equals_torch() -> None:
     t, heads, kv, hd = 3, 4, 2, 64
-    qkv = torch.randn(t, heads + 2 * kv, hd)
-    angles = torch.rand(t, hd // 2) * 10
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(t, heads + 2 * kv, hd, generator=gen)
+    angles = torch.rand(t, hd // 2, generator=gen) * 10
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
     pool = torch.zeros(10, 2, kv, hd)
     slots = torch.tensor([7, 2, 5])

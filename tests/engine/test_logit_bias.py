@@ -50,7 +50,7 @@ def test_min_tokens_holds_back_stop_tokens_until_reached() -> None:
 
 
 def test_plain_greedy_is_untouched() -> None:
-    logits = torch.randn(4, 50)
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     out = Sampler()(logits, [SamplingParams(temperature=0)] * 4, [1] * 4, [None] * 4, [0] * 4)
     assert out.token_ids.tolist() == logits.argmax(-1).tolist()
 

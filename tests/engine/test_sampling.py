@@ -84,7 +84,7 @@ def test_seeded_draws_are_reproducible_and_independent_of_the_batch() -> None:
     logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
     seeded = SamplingParams(seed=42)
     alone = Sampler()(logits, [seeded], [17], [None]).token_ids.item()
-    others = torch.randn(3, 1000)
+    others = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1))
     batch = torch.cat([others[:2], logits, others[2:]])
     params = [SamplingParams(), SamplingParams(seed=5), seeded, SamplingParams()]
     together = Sampler()(batch, params, [3, 9, 17, 1], [None] * 4).token_ids.tolist()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from tests.telemetry.otlp_receiver import OtlpReceiver, ReceivedSpan
 pytestmark = pytest.mark.slow
 
 SPAN_WAIT_S = 30.0
+METRICS_WAIT_S = 30.0
 SERVER_KIND = 2  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_SERVER
 STATUS_ERROR = 2
 
@@ -243,49 +245,60 @@ def test_metrics_count_what_was_served(
     before = {name: scrape(url) for name, url in served.metrics.items()}
     requests = [token_request(n, m, seed=n) for n, m in ((3, 4), (7, 9), (11, 2))]
     results = [generate(stub, r) for r in requests]
-    after = {name: scrape(url) for name, url in served.metrics.items()}
-
-    def delta(process: str, name: str, **labels: str) -> float:
-        key = (name, tuple(sorted(labels.items())))
-        return after[process].get(key, 0.0) - before[process].get(key, 0.0)
-
     prompt = sum(len(r.prompt_ids) for r in results)
     generated = sum(r.last.usage.completion_tokens for r in results)
     assert generated == 4 + 9 + 2 and prompt == 3 + 7 + 11
 
-    tok = "tokenizer-1"
-    assert delta(tok, "tandem_prompt_tokens_total") == prompt
-    assert delta(tok, "tandem_generation_tokens_total") == generated
-    assert delta(tok, "tandem_request_success_total", finished_reason="length") == 3
-    for histogram in (
-        "tandem_time_to_first_token_seconds",
-        "tandem_e2e_request_latency_seconds",
-        "tandem_request_generation_tokens",
-    ):
-        assert delta(tok, f"{histogram}_count") == 3
-    assert delta(tok, "tandem_request_generation_tokens_sum") == generated
-    assert delta(tok, "tandem_inter_token_latency_seconds_count") == generated - 3
-    assert after[tok][("tandem_tokenizer_requests_in_flight", ())] == 0
-    assert after[tok][("tandem_shm_bytes_in_use", (("segment", "prompt_arena"),))] == 0
+    def check(after: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]) -> None:
+        def delta(process: str, name: str, **labels: str) -> float:
+            key = (name, tuple(sorted(labels.items())))
+            return after[process].get(key, 0.0) - before[process].get(key, 0.0)
 
-    sch = "scheduler"
-    assert delta(sch, "tandem_prefix_cache_queries_total") == prompt
-    assert delta(sch, "tandem_prefix_cache_hits_total") == 0
-    assert delta(sch, "tandem_num_preemptions_total") == 0
-    for histogram in ("queue", "prefill", "decode", "inference"):
-        assert delta(sch, f"tandem_request_{histogram}_time_seconds_count") == 3
-    steps = delta(sch, "tandem_scheduler_steps_total")
-    assert steps == generated  # one at a time: a prefill step, then a step per further token
-    assert after[sch][("tandem_num_requests_running", ())] == 0
-    assert after[sch][("tandem_num_requests_waiting", ())] == 0
-    assert after[sch][("tandem_kv_cache_usage_perc", ())] == 0
+        tok = "tokenizer-1"
+        assert delta(tok, "tandem_prompt_tokens_total") == prompt
+        assert delta(tok, "tandem_generation_tokens_total") == generated
+        assert delta(tok, "tandem_request_success_total", finished_reason="length") == 3
+        for histogram in (
+            "tandem_time_to_first_token_seconds",
+            "tandem_e2e_request_latency_seconds",
+            "tandem_request_generation_tokens",
+        ):
+            assert delta(tok, f"{histogram}_count") == 3
+        assert delta(tok, "tandem_request_generation_tokens_sum") == generated
+        assert delta(tok, "tandem_inter_token_latency_seconds_count") == generated - 3
+        assert after[tok][("tandem_tokenizer_requests_in_flight", ())] == 0
+        assert after[tok][("tandem_shm_bytes_in_use", (("segment", "prompt_arena"),))] == 0
 
-    wrk = "worker"
-    assert delta(wrk, "tandem_step_duration_seconds_count") == steps
-    assert delta(wrk, "tandem_step_batch_size_sum") == steps
-    assert delta(wrk, "tandem_step_tokens_total", kind="prefill") == prompt
-    assert delta(wrk, "tandem_step_tokens_total", kind="decode") == generated - 3
-    assert delta(wrk, "tandem_iteration_tokens_total_sum") == prompt + generated - 3
+        sch = "scheduler"
+        assert delta(sch, "tandem_prefix_cache_queries_total") == prompt
+        assert delta(sch, "tandem_prefix_cache_hits_total") == 0
+        assert delta(sch, "tandem_num_preemptions_total") == 0
+        for histogram in ("queue", "prefill", "decode", "inference"):
+            assert delta(sch, f"tandem_request_{histogram}_time_seconds_count") == 3
+        steps = delta(sch, "tandem_scheduler_steps_total")
+        assert steps == generated  # one at a time: a prefill step, then a step per further token
+        assert after[sch][("tandem_num_requests_running", ())] == 0
+        assert after[sch][("tandem_num_requests_waiting", ())] == 0
+        assert after[sch][("tandem_kv_cache_usage_perc", ())] == 0
+
+        wrk = "worker"
+        assert delta(wrk, "tandem_step_duration_seconds_count") == steps
+        assert delta(wrk, "tandem_step_batch_size_sum") == steps
+        assert delta(wrk, "tandem_step_tokens_total", kind="prefill") == prompt
+        assert delta(wrk, "tandem_step_tokens_total", kind="decode") == generated - 3
+        assert delta(wrk, "tandem_iteration_tokens_total_sum") == prompt + generated - 3
+
+    # Some metrics follow the last reply: the worker observes a step once its outcome is on its
+    # way, and the scheduler's gauges are set when it next plans. Scrape until they agree.
+    deadline = time.monotonic() + METRICS_WAIT_S
+    while True:
+        try:
+            check({name: scrape(url) for name, url in served.metrics.items()})
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def test_an_http_request_is_the_same_tree_as_a_grpc_one(
