@@ -137,9 +137,11 @@ class Admission:
         try:
             await submit(0)
             call.on_submitted(len(prompt_ids), max_tokens)
-            # The others follow once the first's prefill is done: its full blocks are in the
-            # prefix cache by then, so they compute only the last, partial one. A prompt
-            # shorter than a block shares nothing, so they go at once.
+            # The others follow at the first's first event, when the step that prefills it is
+            # planned. The scheduler keeps at most two steps in flight, that one and the next,
+            # so the first step that can take them is planned after the prefill's result, with
+            # its full blocks in the prefix cache: they compute only the last, partial one. A
+            # prompt shorter than a block shares nothing, so they go at once.
             block = self.link.model.block_size if self.link.model is not None else 0
             later = range(1, len(ids))
             if not block or (len(prompt_ids) - 1) // block == 0:
