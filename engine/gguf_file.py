@@ -26,10 +26,6 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path.name}: GGUF metadata lacks {key!r}")
         return self.metadata[key]
 
-    @property
-    def architecture(self) -> str:
-        return str(self.require("general.architecture"))
-
 
 def open_gguf(path: Path) -> GGUFFile:
     if not path.is_file():

@@ -52,10 +52,6 @@ class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
-class DeadlineExceeded(ServiceError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
 class Cancelled(ServiceError):
     code = grpc.StatusCode.CANCELLED
 

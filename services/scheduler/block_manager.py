@@ -132,6 +132,3 @@ class BlockManager:
 
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free
-
-    def free_block_ids(self) -> list[int]:
-        return list(self._free)

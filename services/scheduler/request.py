@@ -140,10 +140,6 @@ class RequestState:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
     def effective_priority(self, now: float, aging_per_s: float) -> float:
         return self.priority + aging_per_s * (self.waited_s + max(0.0, now - self.enqueue_time))
 

@@ -46,7 +46,3 @@ class TokenizerConfig:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def http_address(self) -> str:
-        return f"{self.host}:{self.http_port}"
