@@ -104,9 +104,8 @@ def gather_codes(model: nn.Module) -> int:
     """Move every CodesLinear's tensors into one buffer, in the order the forward pass reads
     them, on huge pages; returns its size in bytes.
 
-    A one-row step streams each weight from memory once. Measured on the 2-core machine for
-    SmolLM2-135M's 120 projections: 4.4 ms from separate allocations, 3.0-3.5 ms from one buffer
-    on huge pages (fewer TLB misses, and one stream the prefetcher follows from layer to layer).
+    A one-row step streams each weight from memory once: from one buffer on huge pages there
+    are fewer TLB misses, and one stream the prefetcher follows from layer to layer.
     """
     owners = [
         (layer, name)

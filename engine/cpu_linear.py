@@ -2,12 +2,9 @@
 
 A plain `F.linear` on CPU re-lays its weight out for the matmul kernel on every call; packing it
 once (what inductor does with frozen weights) removes that, and in bf16 halves the bytes read.
-Measured on the 2-core AVX-512-BF16 machine, for the 211 projections of one SmolLM2-135M step
-with each weight hot in cache: 6.5 ms at 1 row and 13.8 ms at 16 rows, against 17 / 27 ms for
-plain bf16 `F.linear` and 19 / 71 ms for fp32. In a real step the weights stream from memory:
-there a 16-row step's projections take ~18 ms, and a one-row step's ~12 ms, twice what torch's
-int4 kernel needs on the GGUF's 4-bit weights (4× fewer bytes), which is why `Int4Linear` keeps
-4-bit weights for steps of few rows and a packed bf16 copy for the others.
+A step of few rows is bound by reading the weights, and there 4-bit weights (4× fewer bytes)
+win, which is why `Int4Linear` keeps them for steps of few rows and a packed bf16 copy for the
+others (bench/RESULTS-cpu.md has the measurements).
 
 Activations stay in the model's dtype (fp32 on CPU); only the matmul's inputs are rounded to the
 packed dtype, and its outputs come back in the caller's dtype.

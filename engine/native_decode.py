@@ -4,8 +4,9 @@ Where every projection of an fp32 model is served from GGUF codes (`CodesLinear`
 attention is native, a step of single-token decodes runs its layers as one
 `torch.classes.tandem.DecodeStack.forward` (engine/csrc/cpu_kernels.cpp) over the same kernels
 the Python modules call one by one; only the embedding lookup, the rotary tables and the final
-norm stay in Python. On the 2-core machine this takes ~2 ms of Python-level calls off a ~7 ms
-one-row step of SmolLM2-135M. Steps with prefills go through the model as usual.
+norm stay in Python. A small model's one-row step is mostly Python-level calls per layer, which
+this removes (bench/RESULTS-cpu.md has the numbers). Steps with prefills go through the model as
+usual.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Page-locking mapped segments, so host-to-device copies from shared memory are DMA.
 
 `cudaHostRegister` pins the pages of a mapping this process already has; copies from it run at
-pinned-buffer speed (55 GB/s against 7.7 GB/s pageable, measured on an H200, DESIGN.md). The
+pinned-buffer speed, several times a pageable copy's (DESIGN.md has the H200's figures). The
 registration must be undone before the mapping goes away, so `pin` adds a close hook to the
 segment. Without torch or without a CUDA device every call is a no-op returning False. torch is
 imported on first use: shm/ must stay importable (and cheap to import) where torch is absent.
