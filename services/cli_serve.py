@@ -17,16 +17,15 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from engine.errors import EngineError
 from services.scheduler.config import SchedulerProcessConfig, SchedulingPolicy
 from services.settings import flag, parse, write_file
 from services.telemetry.config import TelemetryConfig, TracingSettings
-from services.tls import TlsSettings
-from services.tokenizer.config import TokenizerConfig
-from services.worker.config import EngineSettings, ModelSettings, WorkerConfig
+from services.tokenizer.config import EdgeSettings, TokenizerConfig
+from services.worker.config import EngineSettings, WorkerConfig
 
 DESCRIPTION = (
     "Start the pipeline locally: one worker, one scheduler and N tokenizers, supervised (a "
@@ -48,24 +47,8 @@ class ServeTelemetry:
 
 
 @dataclass(frozen=True)
-class ServeConfig:
-    model: ModelSettings = field(default_factory=ModelSettings)
-    host: str = flag("127.0.0.1", "public address")
-    port: int = flag(50051, "public gRPC port")
-    http_port: int = flag(8000, "public OpenAI-compatible HTTP port (0: off)")
-    api_key: tuple[str, ...] = flag(
-        (),
-        "an API key clients must send as `Authorization: Bearer KEY` (HTTP and gRPC metadata); "
-        "health checks stay open (none: the API is open to whoever reaches --host)",
-        env="TANDEM_API_KEY",
-    )
-    tls: TlsSettings = field(default_factory=TlsSettings)
+class ServeConfig(EdgeSettings):
     tokenizers: int = flag(1, "tokenizer processes sharing the public port")
-    tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
-    transport: str = flag(
-        "shm", "hot path through shared memory (default) or gRPC", choices=("shm", "grpc")
-    )
-    arena_mb: int = flag(64, "each tokenizer's shared memory for prompts, in MiB")
     scheduler_port: int = flag(0, "the scheduler's port (0: a free one)")
     worker_port: int = flag(0, "the worker's port (0: a free one)")
     ready_timeout: float = flag(300.0, "seconds each process may take to become healthy")
@@ -75,6 +58,7 @@ class ServeConfig:
     telemetry: ServeTelemetry = field(default_factory=ServeTelemetry)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.tokenizers < 1:
             raise ValueError("--tokenizers must be at least 1")
 
@@ -141,20 +125,10 @@ def child_configs(
         policy=config.policy,
         telemetry=telemetry("scheduler"),
     )
+    edge = {f.name: getattr(config, f.name) for f in fields(EdgeSettings)}
     tokenizers = [
         TokenizerConfig(
-            model=config.model,
-            tokenizer=config.tokenizer,
-            host=config.host,
-            port=config.port,
-            http_port=config.http_port,
-            api_key=config.api_key,
-            tls=config.tls,
-            admin_port=port(),
-            scheduler=scheduler.address,
-            transport=config.transport,
-            arena_mb=config.arena_mb,
-            telemetry=telemetry("tokenizer"),
+            **edge, admin_port=port(), scheduler=scheduler.address, telemetry=telemetry("tokenizer")
         )
         for _ in range(config.tokenizers)
     ]
@@ -199,7 +173,7 @@ async def _supervise(config: ServeConfig) -> int:
             if s.metrics_url:
                 log.info("%s metrics at %s", s.name, s.metrics_url)
                 print(f"metrics {s.name} {s.metrics_url}", flush=True)
-        address = f"{config.host}:{config.port}"
+        address = config.address
         if config.http_port:
             scheme = "https" if config.tls.enabled else "http"
             print(f"http {scheme}://{config.host}:{config.http_port}/v1", flush=True)

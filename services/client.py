@@ -16,27 +16,24 @@ from typing import Any, Self, Unpack
 
 import grpc
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from services.client_sync import Client
 from services.client_types import (
-    MAX_MESSAGE_BYTES,
-    Connection,
+    ClientBase,
     Delta,
     GenerateOptions,
+    GenerationBase,
     GenerationResult,
     Message,
     ModelInfo,
     TandemError,
     TokenLogprob,
     Usage,
-    call_metadata,
-    generate_request,
     not_ready,
     tokenize_request,
 )
 from tandem.v1 import generation_pb2 as pb
-from tandem.v1 import generation_pb2_grpc
 
 __all__ = [
     "Client",
@@ -52,17 +49,12 @@ __all__ = [
 ]
 
 
-class Generation:
+class Generation(GenerationBase):
     """One streaming Generate call: iterate it for deltas; `result` holds the totals so far.
 
     Leaving an `async for` early, `aclose()`, leaving `async with`, or cancelling the task that
     iterates cancels the call, and with it the work on the server.
     """
-
-    def __init__(self, call: Any, n: int = 1) -> None:
-        self._call = call
-        self._done = False
-        self.result = GenerationResult(n=n)
 
     def __aiter__(self) -> AsyncIterator[Delta]:
         return self._deltas()
@@ -87,14 +79,8 @@ class Generation:
             try:
                 msg = await self._call.read()
             except aio.AioRpcError as err:
-                self._done = True
-                raise TandemError.from_rpc(err) from None
-            if msg is aio.EOF:
-                self._done = True
-                self.result.check_finished()
-                return None
-            delta = self.result.add(msg)
-            if delta is not None:
+                raise self._failed(err) from None
+            if (delta := self._take(None if msg is aio.EOF else msg)) is not None:
                 return delta
         return None
 
@@ -102,11 +88,6 @@ class Generation:
         async for _ in self:
             pass
         return self.result
-
-    def cancel(self) -> None:
-        if not self._done:
-            self._done = True
-            self._call.cancel()
 
     async def aclose(self) -> None:
         self.cancel()
@@ -123,23 +104,11 @@ class Generation:
         self.cancel()
 
 
-class TandemClient:
+class TandemClient(ClientBase[Generation]):
     """One channel to a tandem server. Create it inside the event loop that will use it."""
 
-    def __init__(
-        self, address: str, api_key: str | None = None, connection: Connection | None = None
-    ) -> None:
-        """`api_key`: sent as `authorization: Bearer KEY`; `connection`: TLS (and a key)."""
-        self.address = address
-        self.connection = connection or Connection()
-        self._api_key = api_key or self.connection.api_key
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        if self.connection.secure:
-            self._channel = aio.secure_channel(address, self.connection.credentials(), options)
-        else:
-            self._channel = aio.insecure_channel(address, options)
-        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+    channels = aio
+    generation = Generation
 
     async def __aenter__(self) -> Self:
         return self
@@ -154,14 +123,6 @@ class TandemClient:
 
     async def close(self) -> None:
         await self._channel.close()
-
-    def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> Generation:
-        """Start a generation (the call begins at once; iterate the result to read it)."""
-        request = generate_request(prompt, **options)
-        call = self._stub.Generate(
-            request, timeout=options.get("timeout"), metadata=call_metadata(options, self._api_key)
-        )
-        return Generation(call, request.n or 1)
 
     async def complete(
         self, prompt: str | None = None, **options: Unpack[GenerateOptions]
@@ -202,11 +163,7 @@ class TandemClient:
 
     async def wait_ready(self, timeout: float, service: str = "") -> None:
         """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
-        # Watch, not a loop of Checks: the server pushes each change, and wait_for_ready rides
-        # out a server that is not listening yet.
-        watch = self._health.Watch(
-            health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
-        )
+        watch = self._watch(timeout, service)
         try:
             async for reply in watch:
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -219,6 +176,6 @@ class TandemClient:
 
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return await method(request, timeout=timeout, metadata=call_metadata({}, self._api_key))
+            return await method(request, timeout=timeout, metadata=self._metadata())
         except aio.AioRpcError as err:
             raise TandemError.from_rpc(err) from None

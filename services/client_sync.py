@@ -14,37 +14,29 @@ from types import TracebackType
 from typing import Any, Self, Unpack
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from services.client_types import (
-    MAX_MESSAGE_BYTES,
-    Connection,
+    ClientBase,
     Delta,
     GenerateOptions,
+    GenerationBase,
     GenerationResult,
     Message,
     ModelInfo,
     TandemError,
-    call_metadata,
-    generate_request,
     not_ready,
     tokenize_request,
 )
 from tandem.v1 import generation_pb2 as pb
-from tandem.v1 import generation_pb2_grpc
 
 
-class SyncGeneration:
+class SyncGeneration(GenerationBase):
     """One streaming Generate call: iterate it for deltas; `result` holds the totals so far.
 
     Leaving a `for` loop early (or on an exception such as Ctrl-C), `close()` or leaving `with`
     cancels the call, and with it the work on the server.
     """
-
-    def __init__(self, call: Any, n: int = 1) -> None:
-        self._call = call
-        self._done = False
-        self.result = GenerationResult(n=n)
 
     def __iter__(self) -> Iterator[Delta]:
         # A fresh generator per loop: CPython closes it the moment a loop drops it, which runs
@@ -64,16 +56,10 @@ class SyncGeneration:
     def _next(self) -> Delta | None:
         while not self._done:
             try:
-                msg = next(self._call)
-            except StopIteration:
-                self._done = True
-                self.result.check_finished()
-                return None
+                msg = next(self._call, None)
             except grpc.RpcError as err:
-                self._done = True
-                raise TandemError.from_rpc(err) from None
-            delta = self.result.add(msg)
-            if delta is not None:
+                raise self._failed(err) from None
+            if (delta := self._take(msg)) is not None:
                 return delta
         return None
 
@@ -82,12 +68,7 @@ class SyncGeneration:
             pass
         return self.result
 
-    def cancel(self) -> None:
-        if not self._done:
-            self._done = True
-            self._call.cancel()
-
-    close = cancel
+    close = GenerationBase.cancel
 
     def __enter__(self) -> Self:
         return self
@@ -101,21 +82,9 @@ class SyncGeneration:
         self.cancel()
 
 
-class Client:
-    def __init__(
-        self, address: str, api_key: str | None = None, connection: Connection | None = None
-    ) -> None:
-        """`api_key`: sent as `authorization: Bearer KEY`; `connection`: TLS (and a key)."""
-        self.address = address
-        self.connection = connection or Connection()
-        self._api_key = api_key or self.connection.api_key
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        if self.connection.secure:
-            self._channel = grpc.secure_channel(address, self.connection.credentials(), options)
-        else:
-            self._channel = grpc.insecure_channel(address, options)
-        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+class Client(ClientBase[SyncGeneration]):
+    channels = grpc
+    generation = SyncGeneration
 
     def __enter__(self) -> Self:
         return self
@@ -130,16 +99,6 @@ class Client:
 
     def close(self) -> None:
         self._channel.close()
-
-    def generate(
-        self, prompt: str | None = None, **options: Unpack[GenerateOptions]
-    ) -> SyncGeneration:
-        """Start a generation (the call begins at once; iterate the result to read it)."""
-        request = generate_request(prompt, **options)
-        call = self._stub.Generate(
-            request, timeout=options.get("timeout"), metadata=call_metadata(options, self._api_key)
-        )
-        return SyncGeneration(call, request.n or 1)
 
     def complete(
         self, prompt: str | None = None, **options: Unpack[GenerateOptions]
@@ -177,9 +136,7 @@ class Client:
 
     def wait_ready(self, timeout: float, service: str = "") -> None:
         """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
-        watch = self._health.Watch(
-            health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
-        )
+        watch = self._watch(timeout, service)
         try:
             for reply in watch:
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -203,6 +160,6 @@ class Client:
 
     def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return method(request, timeout=timeout, metadata=call_metadata({}, self._api_key))
+            return method(request, timeout=timeout, metadata=self._metadata())
         except grpc.RpcError as err:
             raise TandemError.from_rpc(err) from None

@@ -1,18 +1,21 @@
 """What the tandem client speaks: plain dataclasses, its one error, and the request it builds.
 
-Shared by the async `TandemClient` and the blocking `Client`, so both convert protobuf at the
-same edge. Nothing here imports the engine: a client needs grpc and the generated protos only.
+Shared by the async `TandemClient` and the blocking `Client` (their channel and Generate call too),
+so both convert protobuf at the same edge. Nothing here imports the engine: a client needs grpc
+and the generated protos only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.v1 import generation_pb2 as pb
+from tandem.v1 import generation_pb2_grpc
 
 # The servers' limit too, so a long prompt's ids always fit in a message.
 MAX_MESSAGE_BYTES = 64 << 20
@@ -318,3 +321,73 @@ def not_ready(err: grpc.RpcError, address: str, timeout: float) -> TandemError:
     if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return TandemError(error.code, f"{address} was not ready within {timeout:g} s")
     return error
+
+
+class GenerationBase:
+    """What a message read, the stream's end or its error does to a Generate call's totals."""
+
+    def __init__(self, call: Any, n: int = 1) -> None:
+        self._call = call
+        self._done = False
+        self.result = GenerationResult(n=n)
+
+    def _take(self, msg: pb.GenerateResponse | None) -> Delta | None:
+        """One message read (None: the stream ended with OK); the delta it carries, if any."""
+        if msg is None:
+            self._done = True
+            self.result.check_finished()
+            return None
+        return self.result.add(msg)
+
+    def _failed(self, err: grpc.RpcError) -> TandemError:
+        self._done = True
+        return TandemError.from_rpc(err)
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._call.cancel()
+
+
+G = TypeVar("G", bound=GenerationBase)
+
+
+class ClientBase(Generic[G]):
+    """One channel to a tandem server. `channels`: `grpc.aio` or `grpc` (the same constructors);
+    `generation`: the class that reads a Generate call made on it."""
+
+    channels: Any
+    generation: type[G]
+
+    def __init__(
+        self, address: str, api_key: str | None = None, connection: Connection | None = None
+    ) -> None:
+        """`api_key`: sent as `authorization: Bearer KEY`; `connection`: TLS (and a key)."""
+        self.address = address
+        self.connection = connection or Connection()
+        self._api_key = api_key or self.connection.api_key
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if self.connection.secure:
+            credentials = self.connection.credentials()
+            self._channel = self.channels.secure_channel(address, credentials, options)
+        else:
+            self._channel = self.channels.insecure_channel(address, options)
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> G:
+        """Start a generation (the call begins at once; iterate the result to read it)."""
+        request = generate_request(prompt, **options)
+        call = self._stub.Generate(
+            request, timeout=options.get("timeout"), metadata=call_metadata(options, self._api_key)
+        )
+        return self.generation(call, request.n or 1)
+
+    def _watch(self, timeout: float, service: str) -> Any:
+        # Watch, not a loop of Checks: the server pushes each change, and wait_for_ready rides
+        # out a server that is not listening yet.
+        request = health_pb2.HealthCheckRequest(service=service)
+        return self._health.Watch(request, timeout=timeout, wait_for_ready=True)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return call_metadata({}, self._api_key)

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -207,26 +208,29 @@ class Admission:
         self.link.close(request_id)
         await self._cancel(request_id)
 
+    async def encode(
+        self,
+        text: str,
+        messages: list[dict[str, str]] | None,
+        *,
+        allow_special: bool,
+        field: str = "text",
+    ) -> list[int]:
+        """The ids of `messages` through the chat template, or else of `text`."""
+        tok = self.tokenizer
+        if messages is not None:
+            size = sum(len(m["content"]) for m in messages)
+            return await off_the_loop_if_long(size, partial(tok.encode_chat, messages))
+        encode = partial(tok.encode_prompt, text, allow_special=allow_special, field=field)
+        return await off_the_loop_if_long(len(text), encode)
+
     async def _tokenize(self, spec: GenerateSpec) -> list[int]:
         if spec.prompt_ids is not None:
             return spec.prompt_ids
-        tok = self.tokenizer
-        if spec.messages is not None:
-            messages = spec.messages
-            size = sum(len(m["content"]) for m in messages)
-
-            def encode() -> list[int]:
-                return tok.encode_chat(messages)
-        else:
-            text = spec.text or ""
-            size = len(text)
-
-            def encode() -> list[int]:
-                return tok.encode_prompt(
-                    text, allow_special=not spec.split_special_tokens, field="prompt.text"
-                )
-
-        ids = await off_the_loop_if_long(size, encode)
+        allow_special = not spec.split_special_tokens
+        ids = await self.encode(
+            spec.text or "", spec.messages, allow_special=allow_special, field="prompt.text"
+        )
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")
         if len(ids) >= self.max_seq_len:

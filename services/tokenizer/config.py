@@ -11,7 +11,10 @@ from services.worker.config import ModelSettings
 
 
 @dataclass(frozen=True)
-class TokenizerConfig:
+class EdgeSettings:
+    """The door's settings, declared once: `tandem serve`'s extend them and reach each of its
+    tokenizers as they are."""
+
     model: ModelSettings = field(default_factory=ModelSettings)
     tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
     host: str = flag("127.0.0.1", "public address to bind")
@@ -24,15 +27,10 @@ class TokenizerConfig:
         env="TANDEM_API_KEY",
     )
     tls: TlsSettings = field(default_factory=TlsSettings)
-    admin_port: int = flag(
-        0, "a port of this process alone (health, metrics) when several share --port"
-    )
-    scheduler: str = flag("127.0.0.1:50052", "the scheduler's address")
     transport: str = flag(
         "shm", "prompts and events through shared memory, or all over gRPC", choices=("shm", "grpc")
     )
-    arena_mb: int = flag(64, "shared memory for prompts, in MiB")
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    arena_mb: int = flag(64, "each tokenizer's shared memory for prompts, in MiB")
 
     def __post_init__(self) -> None:
         for name in ("port", "http_port"):
@@ -46,3 +44,12 @@ class TokenizerConfig:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(EdgeSettings):
+    admin_port: int = flag(
+        0, "a port of this process alone (health, metrics) when several share --port"
+    )
+    scheduler: str = flag("127.0.0.1:50052", "the scheduler's address")
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)

@@ -48,22 +48,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self, request: pb.TokenizeRequest, context: aio.ServicerContext
     ) -> pb.TokenizeResponse:
         self._check_model(request.model)
-        tok = self.tokenizer
+        messages = None
         if request.WhichOneof("input") == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            size = sum(len(m["content"]) for m in messages)
-
-            def encode() -> list[int]:
-                return tok.encode_chat(messages)
-        else:
-            size = len(request.text)
-
-            def encode() -> list[int]:
-                return tok.encode_prompt(
-                    request.text, allow_special=not request.split_special_tokens
-                )
-
-        return pb.TokenizeResponse(token_ids=await off_the_loop_if_long(size, encode))
+        allow_special = not request.split_special_tokens
+        ids = await self.admission.encode(request.text, messages, allow_special=allow_special)
+        return pb.TokenizeResponse(token_ids=ids)
 
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: aio.ServicerContext

@@ -155,25 +155,21 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
 
     @v1.post("/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        request_id = request.state.request_id
-        plan = chat_plan(body, request_id, a.model_name)
-        out = ChatOutput(
-            a.tokenizer, f"chatcmpl-{request_id}", a.model_name, plan.n, plan.top_logprobs,
-            plan.include_usage, plan.continuous_usage,
-        )  # fmt: skip
-        return await serve(request, plan, out, CHAT)
+        plan = chat_plan(body, request.state.request_id, a.model_name)
+        return await serve(request, plan, ChatOutput, "chatcmpl", CHAT)
 
     @v1.post("/completions", response_model=Completion)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        request_id = request.state.request_id
-        plan = completion_plan(body, request_id, a.model_name)
-        out = CompletionOutput(
-            a.tokenizer, f"cmpl-{request_id}", a.model_name, plan.n, plan.top_logprobs,
-            plan.include_usage, plan.continuous_usage,
-        )  # fmt: skip
-        return await serve(request, plan, out, COMPLETIONS)
+        plan = completion_plan(body, request.state.request_id, a.model_name)
+        return await serve(request, plan, CompletionOutput, "cmpl", COMPLETIONS)
 
-    async def serve(request: Request, plan: Plan, out: Output, route: str) -> Response:
+    async def serve(
+        request: Request, plan: Plan, output: type[Output], id_prefix: str, route: str
+    ) -> Response:
+        out = output(
+            a.tokenizer, f"{id_prefix}-{request.state.request_id}", a.model_name, plan.n,
+            plan.top_logprobs, plan.include_usage, plan.continuous_usage,
+        )  # fmt: skip
         a.check_ready()
         vocab, context = a.tokenizer.vocab_size, a.max_seq_len
         specs = [parse_generate(r, a.model_name, vocab, context) for r in plan.requests]
