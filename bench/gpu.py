@@ -36,6 +36,7 @@ import torch
 from bench.gpu_measure import (
     batch1_decode,
     copy_bandwidth,
+    fp8_matmul_rate,
     graph_only,
     matmul_rate,
     random_prompt,
@@ -291,6 +292,84 @@ def measure_8b(
     return wbytes, c
 
 
+def measure_fp8(
+    path: Path, bandwidth: float, flops: float, steps: int, out_len: int, concurrencies: list[int]
+) -> None:
+    """FP8 weights, then FP8 weights and an FP8 KV cache, on the 8B shapes: batch-1 decode,
+    TTFT and warm whole workloads, each against its own floor (FP8's bytes and GEMM rate)."""
+    fp8_flops = fp8_matmul_rate()
+    row("FP8 GEMM rate (8192³, row-wise scales)", "torch._scaled_mm", fp8_flops / 1e12, "TFLOP/s")
+    for kv in ("auto", "fp8"):
+        engine = Engine.from_path(
+            path,
+            "cuda",
+            "bfloat16",
+            kv_cache_bytes=48 << 30,
+            progress=False,
+            max_num_seqs=256,
+            quantize="fp8",
+            kv_cache_dtype=kv,
+        )
+        label = "tandem engine fp8" + (" + fp8 KV" if kv == "fp8" else "")
+        row("8B fp8 start-up (load, graphs, warm-up)", label, sum(engine.start_times.values()), "s")
+        wbytes = weight_bytes(engine)
+        c = engine.config
+        # Projections multiply at the FP8 rate; the head (bf16) and attention at bf16's.
+        projections = sum(
+            b.numel() for n, b in engine.model.named_buffers() if n.endswith("weight")
+        )
+        head = engine.model.output.weight.numel()
+        if kv == "auto":
+            row(
+                "8B batch-1 decode",
+                label,
+                batch1_decode(engine, 512, steps),
+                "tok/s",
+                bandwidth / wbytes,
+            )
+            attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim
+            floor = (2 * projections * 2048) / fp8_flops + (
+                2 * head * 2048 + attention_flops
+            ) / flops
+            times = ttft(engine, 2048)
+            row(
+                "8B TTFT, 2048-token prompt (median of 5)",
+                label,
+                times[len(times) // 2] * 1000,
+                "ms",
+                floor * 1000,
+                all_ms=[t * 1000 for t in times],
+            )
+        kv_bytes = 1 if kv == "fp8" else 2
+        for n in concurrencies:
+            prompts = [random_prompt(512, c.vocab_size, 100 + i) for i in range(n)]
+            run_workload(engine, prompts, out_len)  # first of its size: compiles, if any
+            run = run_workload(engine, prompts, out_len)
+            prefill = sum(2 * (projections + head) * 512 for _ in prompts) / fp8_flops
+            floor = prefill + workload_floor(
+                c, 0, wbytes, [512] * n, out_len, flops, bandwidth, kv_bytes
+            )
+            row(
+                f"8B workload, {n} requests",
+                f"{label}, warm",
+                run.tokens_per_s,
+                "tok/s",
+                run.output_tokens / floor,
+                compiles=run.compiles,
+                steps=summarize_steps(run.steps, n),
+            )
+        step_bytes = wbytes + 256 * (512 + out_len // 2) * 2 * c.n_layers * c.kv_dim * kv_bytes
+        row(
+            "8B decode steps, 256 seqs",
+            label,
+            decode_steps(engine, 256, 512 + out_len // 2, min(steps, 64)),
+            "tok/s",
+            256 * bandwidth / step_bytes,
+        )
+        del engine
+        free()
+
+
 def run_pipeline(
     c: Any, steps: int, out_len: int, roofline_b1: float, concurrencies: list[int]
 ) -> None:
@@ -368,6 +447,8 @@ def main() -> None:
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-int8", action="store_true")
+    parser.add_argument("--skip-fp8", action="store_true")
+    parser.add_argument("--only-fp8", action="store_true", help="the FP8 rows alone")
     parser.add_argument("--skip-smollm", action="store_true")
     parser.add_argument("--skip-8b", action="store_true", help="only the default model's rows")
     args = parser.parse_args()
@@ -385,6 +466,11 @@ def main() -> None:
     print(f"{'case':<34} {'system':<26} {'value':>10} {'unit':<8} of ceiling")
 
     path = registry.resolve("llama3-8b-random", home)
+    if args.only_fp8:
+        args.skip_8b = args.skip_smollm = True
+    if not args.skip_fp8 and not (args.skip_8b and not args.only_fp8):
+        measure_fp8(path, bandwidth, flops, steps, out_len, [n for n in concurrencies if n >= 64])
+        free()
     if not args.skip_8b:
         wbytes, c = measure_8b(path, bandwidth, flops, steps, out_len, concurrencies, args.skip_hf)
         free()

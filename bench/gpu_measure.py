@@ -41,6 +41,18 @@ def matmul_rate() -> float:
     return 2 * 8192**3 / seconds
 
 
+def fp8_matmul_rate() -> float:
+    """The FP8 GEMM's rate as Fp8Linear calls it: e4m3 operands, row-wise scales, bf16 out."""
+    a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    sa = torch.ones(8192, 1, device="cuda")
+    sb = torch.ones(1, 8192, device="cuda")
+    seconds = timed(
+        lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    )
+    return 2 * 8192**3 / seconds
+
+
 def weight_bytes(engine: Engine) -> int:
     total = sum(t.numel() * t.element_size() for t in engine.model.parameters())
     total += sum(

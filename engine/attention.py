@@ -50,7 +50,8 @@ class GatherDecode:
 
     def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
         b, max_ctx = self.key_slots.shape
-        gathered = pool.index_select(0, self.key_slots.reshape(-1))  # (B * ctx, 2, n_kv, hd)
+        gathered = pool.index_select(0, self.key_slots.reshape(-1)).to(q.dtype)
+        # gathered: (B * ctx, 2, n_kv, hd)
         gathered = gathered.view(b, max_ctx, *pool.shape[1:]).permute(2, 0, 3, 1, 4)
         # gathered: (2, B, n_kv, ctx, hd)
         o = F.scaled_dot_product_attention(
@@ -204,7 +205,7 @@ def paged_attention(
             keys = k[span.q_start : span.q_end].transpose(0, 1)  # (n_kv, q_len, hd)
             values = v[span.q_start : span.q_end].transpose(0, 1)
         else:
-            seq_kv = pool.index_select(0, span.key_slots)  # (ctx, 2, n_kv, hd)
+            seq_kv = pool.index_select(0, span.key_slots).to(q.dtype)  # (ctx, 2, n_kv, hd)
             keys, values = seq_kv[:, 0].transpose(0, 1), seq_kv[:, 1].transpose(0, 1)
         out[span.q_start : span.q_end] = _prefill(qs, keys, values, span.mask).transpose(0, 1)
     if group is not None:

@@ -16,7 +16,7 @@ from engine.attention import build_metadata
 from engine.batch import SeqInput, SeqOutput
 from engine.config import ModelConfig
 from engine.errors import InvalidRequest
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVCache, pool_dtype
 from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
 from engine.sampling import Sampler
@@ -89,7 +89,9 @@ class Engine:
         block_size: int = 16,
         max_num_seqs: int = 256,
         cuda_graphs: bool = True,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
+        """kv_cache_dtype: the KV pool's (kv_cache.KV_CACHE_DTYPES); None: the model's."""
         self.loaded = loaded
         self.model = loaded.model
         # The whole model's shape (vocabulary, context); model.config is this rank's slice.
@@ -103,7 +105,7 @@ class Engine:
         # On CUDA one extra block, outside what the scheduler may hand out, takes the writes of
         # padding rows in captured decode graphs.
         total = num_kv_blocks + 1 if on_cuda else num_kv_blocks
-        self.kv = KVCache(local, total, block_size, self.dtype, self.device)
+        self.kv = KVCache(local, total, block_size, kv_cache_dtype or self.dtype, self.device)
         self.sampler = Sampler()
         self._histories: dict[Hashable, list[int]] = {}  # only for sequences with penalties
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
@@ -161,6 +163,7 @@ class Engine:
         gpu_memory_fraction: float = 0.9,
         warm_up_tokens: int | None = 2048,
         tp: TensorParallel = SINGLE,
+        kv_cache_dtype: str = "auto",
     ) -> Engine:
         """kv_cache_bytes 0 sizes the KV cache on CUDA from what the weights leave of
         `gpu_memory_fraction` of the card (activations and graphs get a fixed reserve).
@@ -171,10 +174,11 @@ class Engine:
         started = time.perf_counter()
         torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
         torch_device = rank_device(torch_device, tp.rank)
+        kv_dtype = pool_dtype(kv_cache_dtype, torch_dtype)
         loaded = load_model(path, torch_device, torch_dtype, progress, quantize, tp)
         load_s = time.perf_counter() - started
         # kv_cache_bytes is each rank's: a rank's blocks hold its KV heads only.
-        per_block = KVCache.bytes_per_block(loaded.model.config, block_size, torch_dtype)
+        per_block = KVCache.bytes_per_block(loaded.model.config, block_size, kv_dtype)
         if kv_cache_bytes == 0 and torch_device.type == "cuda":
             kv_cache_bytes = _free_cuda_bytes(
                 torch_device, gpu_memory_fraction, loaded.config, max_num_seqs
@@ -182,7 +186,7 @@ class Engine:
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
         blocks = tp.min(blocks)  # block ids mean the same on every rank: one count for all
-        engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs)
+        engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs, kv_dtype)
         engine.start_times["load"] = load_s
         if warm_up_tokens is not None and torch_device.type == "cuda":
             engine.warm_up(warm_up_tokens)

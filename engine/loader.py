@@ -19,14 +19,14 @@ from engine.gguf_weights import GGUFWeights
 from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
 from engine.parallel_layers import parallelize
-from engine.quant import Int8Linear, Q4Blocks, int4_supported
+from engine.quant import Fp8Linear, Int8Linear, Q4Blocks, int4_supported
 from engine.random_weights import RandomWeights, is_random
 from engine.registry import SEED_KEY
 from engine.shard import ShardedSource, ShardPlan
 from engine.tensor_parallel import SINGLE, TensorParallel
 from engine.weights import build_model
 
-QUANTIZE_MODES = ("auto", "int4", "none", "int8")
+QUANTIZE_MODES = ("auto", "int4", "none", "int8", "fp8")
 Reader = GGUFWeights | SafetensorsWeights | RandomWeights
 
 
@@ -90,11 +90,23 @@ def load_model(
     (CPU) serves the kept codes through torch's int4 kernel (bf16 activations: closer to fp32,
     slower) for steps of few rows, beside a bf16 copy in oneDNN's packed layout for larger ones.
     "none" dequantizes everything to `dtype` as plain `nn.Linear`s; "int8" serves every
-    projection as weight-only int8 with per-channel scales. With `tp` sharded, this rank's slice
-    of every weight (engine/shard.py), wrapped in the collectives (engine/parallel_layers.py);
-    LoadedModel.config stays the whole model's, the model's own config is the rank's."""
+    projection as weight-only int8 with per-channel scales, "fp8" as e4m3 with per-channel
+    scales (FP8 GEMMs with per-token activation scales beyond a few rows). With `tp` sharded,
+    this rank's slice of every weight (engine/shard.py), wrapped in the collectives
+    (engine/parallel_layers.py); LoadedModel.config stays the whole model's, the model's own
+    config is the rank's."""
     if quantize not in QUANTIZE_MODES:
         raise InvalidRequest("quantize", f"unknown mode {quantize!r}; choose {QUANTIZE_MODES}")
+    if (
+        quantize == "fp8"
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device) < (8, 9)
+    ):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise InvalidRequest(
+            "quantize",
+            f"fp8 needs a GPU of compute capability 8.9 or newer; this one is {major}.{minor}",
+        )
     if path.is_dir():
         raw = read_config(path)
         config = ModelConfig.from_hf(raw)
@@ -122,21 +134,26 @@ def load_model(
     total = sum(_numel(reader, n) for n in _names(reader)) * 4
     with _bar(total, path.name, progress) as bar:
         source = _Source(reader, dtype, bar, keep_q4, native)
-        # int8 as each projection is built: the float model is never whole in memory.
-        linear = Int8Linear if quantize == "int8" else None
+        # int8/fp8 as each projection is built: the float model is never whole in memory.
+        linear = {"int8": Int8Linear, "fp8": Fp8Linear}.get(quantize)
+        # e4m3's 3 mantissa bits in the output head cost the default model most of fp8's
+        # divergence from bf16 (bench/RESULTS-gpu.md): the head stays in `dtype`, as vLLM's.
+        head = quantize != "fp8"
         if tp.sharded:
             plan = ShardPlan.for_model(config, tp.rank, tp.world_size)
             sharded = ShardedSource(source, plan)
-            model = build_model(plan.local_config(config), sharded, device, rope_factors, linear)
+            model = build_model(
+                plan.local_config(config), sharded, device, rope_factors, linear, head
+            )
             parallelize(model, tp, plan.vocab[0], config.vocab_size)
         else:
-            model = build_model(config, source, device, rope_factors, linear)
+            model = build_model(config, source, device, rope_factors, linear, head)
     kept = "native-codes" if native else "int4"
     if source.kept_q4 and native:
         gather_codes(model)
     linear_format = kept if source.kept_q4 else str(dtype).removeprefix("torch.")
-    if quantize == "int8":
-        linear_format = "int8"
+    if quantize in ("int8", "fp8"):
+        linear_format = quantize
     elif quantize in ("auto", "int4") and device.type == "cpu":
         # Projections that stayed float (all of them, for float files): packed once.
         packed_dtype = torch.bfloat16 if file_format.startswith("gguf:Q") else dtype

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
+from engine.kv_cache import to_kv
 from engine.rope import apply_rope
 
 
@@ -44,13 +45,17 @@ def rope_and_store(
 
         fused(qkv, cos, sin, pool, slots, n_heads, n_kv)
         return
-    if cpu_kernels.usable(qkv):
+    if cpu_kernels.usable(qkv) and pool.dtype == qkv.dtype:
         torch.ops.tandem.rope_and_store(qkv, cos, sin, pool, slots, n_heads, n_kv)
         return
     t, _, hd = qkv.shape
     rotated = n_heads + n_kv
     qkv[:, :rotated] = apply_rope(qkv[:, :rotated], cos, sin)
-    pool.index_copy_(0, slots, qkv[:, n_heads:].reshape(t, 2, n_kv, hd))
+    new_kv = qkv[:, n_heads:].reshape(t, 2, n_kv, hd)
+    stored = to_kv(new_kv, pool.dtype)
+    if pool.dtype.itemsize == 1:  # index_copy_ has no fp8 kernel on CPU; the bytes are the same
+        pool, stored = pool.view(torch.uint8), stored.view(torch.uint8)
+    pool.index_copy_(0, slots, stored)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -64,6 +64,7 @@ class EngineArgs:
     gpu_memory_fraction: float = 0.9
     warm_up_tokens: int | None = 2048
     progress: bool = True
+    kv_cache_dtype: str = "auto"
     # Torch threads of each other rank on CPU; None: the cores shared evenly among the ranks.
     follower_threads: int | None = None
     # Bounds every collective, the last resort against a rank that hangs without dying (a dead
@@ -133,6 +134,7 @@ def _load(args: EngineArgs, tp: TensorParallel) -> Engine:
         args.gpu_memory_fraction,
         args.warm_up_tokens,
         tp,
+        args.kv_cache_dtype,
     )
 
 

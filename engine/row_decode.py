@@ -71,8 +71,10 @@ class RowDecoder:
 
     @classmethod
     def for_model(cls, model: Transformer, kv: KVCache) -> RowDecoder | None:
-        """A decoder for `model`, where its weights allow one (`fits`); else None."""
-        return cls(model, kv) if cls.fits(model) else None
+        """A decoder for `model`, where its weights allow one (`fits`) and its KV cache is in
+        the model's dtype (the row attention kernel reads no fp8); else None."""
+        fits = cls.fits(model) and kv.pool.dtype == model.norm.weight.dtype
+        return cls(model, kv) if fits else None
 
     @staticmethod
     def fits(model: Transformer) -> bool:

@@ -58,8 +58,10 @@ def build_model(
     device: torch.device,
     rope_freq_factors: torch.Tensor | None = None,
     linear: Callable[[torch.Tensor], nn.Module] | None = None,
+    linear_head: bool = True,
 ) -> Transformer:
-    """linear: what a float projection (out, in) on `device` becomes; None keeps `nn.Linear`."""
+    """linear: what a float projection (out, in) on `device` becomes; None keeps `nn.Linear`.
+    linear_head: whether the output head becomes one too."""
     with torch.device("meta"):
         model = Transformer(config)
     state = {"tok_embeddings.weight": source.get("model.embed_tokens.weight")}
@@ -87,7 +89,7 @@ def build_model(
     output = _fused_int4([source.get_int4(head)], source.native_codes)
     if output is not None:
         swapped["output"] = output  # tied or not, the embedding lookup keeps its float table
-    elif linear is not None:
+    elif linear is not None and linear_head:
         table = source.get(head) if head == "lm_head.weight" else state["tok_embeddings.weight"]
         swapped["output"] = linear(table.to(device))
     elif head == "lm_head.weight":

@@ -53,6 +53,7 @@ def _rope_store(
     qkv_ptr, cos_ptr, sin_ptr, pool_ptr, slot_ptr,
     stride_qt, stride_qh, stride_ct, stride_slot, stride_kv, stride_ph, stride_st,
     N_HEADS: tl.constexpr, N_KV: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
+    KV_LIMIT: tl.constexpr,
 ):  # fmt: skip
     # Program (t, g): token t's heads [g * HEADS, (g + 1) * HEADS) of its Q heads, then K heads,
     # then V heads.
@@ -79,8 +80,12 @@ def _rope_store(
     slot = tl.load(slot_ptr + t * stride_st)
     dest = pool_ptr + slot * stride_slot + kv * stride_kv + head * stride_ph
     stored = heads & (h >= N_HEADS)
-    tl.store(dest + i, x1, mask=stored)
-    tl.store(dest + HALF + i, x2, mask=stored)
+    kv_type = pool_ptr.dtype.element_ty
+    if KV_LIMIT > 0:  # an fp8 pool: values as they are (scale 1), saturated, not overflowed
+        x1 = tl.clamp(x1.to(tl.float32), -KV_LIMIT, KV_LIMIT)
+        x2 = tl.clamp(x2.to(tl.float32), -KV_LIMIT, KV_LIMIT)
+    tl.store(dest + i, x1.to(kv_type), mask=stored)
+    tl.store(dest + HALF + i, x2.to(kv_type), mask=stored)
 
 
 def rope_and_store(
@@ -101,6 +106,7 @@ def rope_and_store(
         qkv.stride(0), qkv.stride(1), cos.stride(0),
         pool.stride(0), pool.stride(1), pool.stride(2), slots.stride(0),
         N_HEADS=n_heads, N_KV=n_kv, HEADS=block, HALF=hd // 2,
+        KV_LIMIT=torch.finfo(pool.dtype).max if pool.dtype.itemsize == 1 else 0.0,
     )  # fmt: skip
 
 

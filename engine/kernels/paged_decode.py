@@ -61,8 +61,9 @@ def _partial(
         block_id = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
         slot = block_id.to(tl.int64) * BLOCK + tok % BLOCK
         base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-        k = tl.load(base, mask=valid[:, None], other=0.0)  # (TILE, D)
-        v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
+        # An fp8 pool is widened to the queries' dtype in registers.
+        k = tl.load(base, mask=valid[:, None], other=0.0).to(q.dtype)  # (TILE, D)
+        v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, TILE)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))

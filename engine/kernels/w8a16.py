@@ -41,6 +41,7 @@ def _w8a16(
     BN: tl.constexpr,
     BK: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FP8: tl.constexpr,  # the weight's bytes are e4m3 values, not int8 ones
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -62,6 +63,8 @@ def _w8a16(
             mask=(rn[:, None] < N) & (kk[None, :] < K),
             other=0,
         )  # (BN, BK) int8
+        if FP8:
+            w = w.to(tl.float8e4nv, bitcast=True)
         acc += tl.dot(x, tl.trans(w.to(x.dtype)))
     tile_mask = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT_K > 1:
@@ -110,7 +113,7 @@ _WHOLE_K = [
 ]
 # Tile shapes tried once per (N, K, BM) on the GPU; the fastest is kept. Split-K only up to 16
 # rows, where the workspace stays small.
-_tuned = triton.autotune(configs=_configs(_WHOLE_K), key=["N", "K", "BM"])(_w8a16)
+_tuned = triton.autotune(configs=_configs(_WHOLE_K), key=["N", "K", "BM", "FP8"])(_w8a16)
 MAX_SPLIT_K = 8
 
 
@@ -135,7 +138,7 @@ _tuned_split = triton.autotune(
             (32, 512, 2, 8, 3),
         ]
     ),
-    key=["N", "K", "BM"],
+    key=["N", "K", "BM", "FP8"],
     prune_configs_by={"early_config_prune": _whole_chunks},
 )(_w8a16)
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -147,7 +150,8 @@ def w8a16_matmul(
     scale: torch.Tensor,
     tiles: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """x: (M, K) bf16/fp16; weight: (N, K) int8; scale: (N,). Returns (M, N) in x's dtype.
+    """x: (M, K) bf16/fp16; weight: (N, K) int8 or float8_e4m3fn; scale: (N,). Returns (M, N) in
+    x's dtype.
     `tiles` (BN, BK[, SPLIT_K]) skips autotuning (Triton's CPU interpreter cannot time configs);
     a split must cut K into whole BK-wide chunks."""
     m, k = x.shape
@@ -160,16 +164,20 @@ def w8a16_matmul(
         counters = _counters[x.device] = torch.zeros(1 << 16, dtype=torch.int32, device=x.device)
     partials = torch.empty((MAX_SPLIT_K if split else 1, m, n), device=x.device)
     strides = (x.stride(0), weight.stride(0), out.stride(0))
-    args = (x, weight, scale, out, partials, counters, m, n, *strides)
+    fp8 = weight.dtype == torch.float8_e4m3fn
+    # An fp8 weight is read as its bytes (masked lanes load 0, which an fp8 load cannot be
+    # given) and reinterpreted in registers.
+    bits = weight.view(torch.int8) if fp8 else weight
+    args = (x, bits, scale, out, partials, counters, m, n, *strides)
     if tiles is not None:
         bn, bk, *rest = tiles
         split_k = rest[0] if rest else 1
         grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split_k)
-        _w8a16[grid](*args, K=k, BM=bm, BN=bn, BK=bk, SPLIT_K=split_k)
+        _w8a16[grid](*args, K=k, BM=bm, BN=bn, BK=bk, SPLIT_K=split_k, FP8=fp8)
         return out
 
     def tuned_grid(meta: dict[str, int]) -> tuple[int, int, int]:
         return (triton.cdiv(n, meta["BN"]), triton.cdiv(m, bm), meta["SPLIT_K"])
 
-    (_tuned_split if split else _tuned)[tuned_grid](*args, K=k, BM=bm)
+    (_tuned_split if split else _tuned)[tuned_grid](*args, K=k, BM=bm, FP8=fp8)
     return out

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from engine.rank_group import EngineArgs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZE = ("auto", "int4", "int8", "none")
+QUANTIZE = ("auto", "int4", "int8", "fp8", "none")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,15 @@ class EngineSettings:
         "auto: the fastest measured choice (bench/RESULTS-cpu.md, RESULTS-gpu.md): on CPU a "
         "GGUF's Q4_0/Q4_1/Q8_0 codes through tandem's native int8 kernels where they build, "
         "else int4; int4 (CPU): the codes through torch's int4 kernel, bf16 activations; "
-        "int8: weight-only int8, per-channel scales; none: dequantized weights in --dtype",
+        "int8: weight-only int8, per-channel scales; fp8 (CUDA 8.9+, or CPU): e4m3 weights, "
+        "per-channel scales, FP8 GEMMs with per-token activation scales beyond a few rows; "
+        "none: dequantized weights in --dtype",
         choices=QUANTIZE,
+    )
+    kv_cache_dtype: str = flag(
+        "auto",
+        "the KV cache's dtype (auto: --dtype's; fp8: e4m3, scale 1, twice the tokens per MiB)",
+        choices=KV_CACHE_DTYPES,
     )
     kv_cache_mb: int = flag(
         1024, "KV cache memory in MiB (0 on CUDA: what the weights leave of --gpu-memory-fraction)"
@@ -97,6 +105,7 @@ class EngineSettings:
             self.gpu_memory_fraction,
             warm_up_tokens,
             progress=False,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
 
 

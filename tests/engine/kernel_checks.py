@@ -53,6 +53,20 @@ def check_paged_decode() -> None:
         print(f"paged decode, context {c}: max error {err:.2e}")
         if err > 1e-4:
             sys.exit(1)
+    # An fp8 pool, widened in registers: attention over its values as floats.
+    pool8 = pool.to(torch.float8_e4m3fn)
+    out = split(q, pool8, tables, ctx)
+    for i in range(b):
+        c = int(ctx[i])
+        pos = torch.arange(c)
+        slots = tables[i][pos // bs] * bs + pos % bs
+        k = pool8[slots, 0].float().repeat_interleave(heads // kv_heads, 1)
+        v = pool8[slots, 1].float().repeat_interleave(heads // kv_heads, 1)
+        scores = torch.einsum("hd,chd->hc", q[i], k) / math.sqrt(hd)
+        err = float((out[i] - torch.einsum("hc,chd->hd", scores.softmax(-1), v)).abs().max())
+        print(f"paged decode over fp8, context {c}: max error {err:.2e}")
+        if err > 1e-4:
+            sys.exit(1)
 
 
 def check_w8a16() -> None:
@@ -71,6 +85,17 @@ def check_w8a16() -> None:
             print(f"int8 matmul {m}x{n}x{k}, K split {split}: relative error {rel:.2e}")
             if rel > 2e-3:
                 sys.exit(1)
+    # FP8 weights: the same kernel reads their bytes and widens them as e4m3.
+    for m, n, k, split in cases[:2] + cases[3:4]:
+        x = torch.randn(m, k).half()
+        w = (torch.randn(n, k) * 50).to(torch.float8_e4m3fn)
+        s = torch.rand(n).half()
+        ref = (x.float() @ w.float().t()) * s.float()
+        out = w8a16_matmul(x, w, s, tiles=(32, 128, split))
+        rel = float((out.float() - ref).abs().max()) / float(ref.abs().max())
+        print(f"fp8 matmul {m}x{n}x{k}, K split {split}: relative error {rel:.2e}")
+        if rel > 2e-3:
+            sys.exit(1)
 
 
 def check_fused() -> None:
@@ -107,6 +132,19 @@ def check_fused() -> None:
     )
     print(f"rope + kv store: max error {err:.2e}")
     if err > 1e-5:
+        sys.exit(1)
+    # Into an fp8 pool: each value rounded to e4m3 as torch rounds it, 448 where it is beyond.
+    qkv = torch.randn(t, h + 2 * kv, hd)
+    qkv[0, h + kv, 0] = 1000.0
+    pool8 = torch.zeros(20, 2, kv, hd, dtype=torch.float8_e4m3fn)
+    expect_k = apply_rope(qkv[:, h : h + kv], cos, sin)
+    expect_v = qkv[:, h + kv :].clone()
+    fused.rope_and_store(qkv, cos, sin, pool8, slots, h, kv)
+    want = torch.stack([expect_k, expect_v], 1).clamp(-448, 448).to(torch.float8_e4m3fn)
+    # RoPE's fp32 arithmetic may round a K differently by one e4m3 step: compare as floats.
+    err = float((pool8[slots].float() - want.float()).abs().max() / want.float().abs().max())
+    print(f"rope + kv store into fp8: relative error {err:.2e}")
+    if err > 1e-2 or float(pool8[slots[0], 1, 0, 0].float()) != 448.0:
         sys.exit(1)
 
     gate_up = torch.randn(3, 2 * 1500)

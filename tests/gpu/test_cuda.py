@@ -416,3 +416,93 @@ def test_int8_model_stays_close_to_bf16(default_model: Path) -> None:
     a = bf16.model.logits(bf16.forward([SeqInput("s", ids, 0, list(range(4)))]))
     b = int8.model.logits(int8.forward([SeqInput("s", ids, 0, list(range(4)))]))
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.85
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 65, 512])
+def test_fp8_linear_matches_bf16_and_fp32_references(m: int) -> None:
+    """Up to SMALL_M rows the weight-only kernel (fp8 widened in registers), beyond it the FP8
+    tensor cores with per-token activation scales: each against the exact product of its own
+    fp8 operands, and within e4m3's rounding of the float weights' product in fp32 and bf16."""
+    from engine.kernels.w8a16 import SMALL_M
+    from engine.quant import FP8_MAX, Fp8Linear, to_fp8
+
+    torch.manual_seed(0)
+    n, k = 4096, 4096
+    weight = torch.randn(n, k, device=CUDA) * torch.rand(n, 1, device=CUDA)
+    layer = Fp8Linear(weight.bfloat16())
+    x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    w = layer.weight.float() * layer.scale[:, None]
+    if m <= SMALL_M:
+        exact = x.float() @ w.t()
+    else:
+        row_scale = x.float().abs().amax(dim=1, keepdim=True) / FP8_MAX
+        exact = (to_fp8(x, row_scale).float() * row_scale) @ w.t()
+    assert l2(out, exact) < 1e-2
+    assert l2(out, x.float() @ weight.t()) < 5e-2
+    assert l2(out, (x @ weight.bfloat16().t())) < 5e-2
+
+
+def test_an_fp8_pool_is_stored_and_read_as_its_bf16_values_rounded() -> None:
+    """The fused RoPE-and-store writes K and V into an fp8 pool saturating; the paged decode
+    kernel reading it equals attention over the same fp8 values widened."""
+    from engine.kernels import fused
+    from engine.kernels.paged_decode import PagedDecode
+    from engine.kv_cache import to_kv
+
+    torch.manual_seed(0)
+    heads, kv_heads, hd, bs, blocks = 32, 8, 128, 16, 64
+    fp8 = torch.float8_e4m3fn
+    pool = torch.zeros(blocks * bs, 2, kv_heads, hd, device=CUDA, dtype=fp8)
+    qkv = torch.randn(bs * 4, heads + 2 * kv_heads, hd, device=CUDA, dtype=torch.bfloat16)
+    qkv[0, heads, 0] = 1000.0  # beyond e4m3's range: saturates to 448
+    ones = torch.ones(bs * 4, hd, device=CUDA, dtype=torch.bfloat16)
+    slots = torch.randperm(blocks * bs, device=CUDA)[: bs * 4]
+    fused.rope_and_store(qkv, ones, 0 * ones, pool, slots, heads, kv_heads)
+    want = to_kv(qkv[:, heads:].reshape(-1, 2, kv_heads, hd), fp8)
+    assert torch.equal(pool[slots].view(torch.uint8), want.view(torch.uint8))
+    assert float(pool[slots[0], 0, 0, 0].float()) == 448.0
+
+    pool = to_kv(torch.randn(blocks * bs, 2, kv_heads, hd, device=CUDA), fp8)
+    ctx = torch.tensor([1, 17, 300, 1000], device=CUDA)
+    tables = torch.arange(4 * 64, device=CUDA).remainder(blocks).view(4, 64)
+    q = torch.randn(4, heads, hd, device=CUDA, dtype=torch.bfloat16)
+    out = PagedDecode(4, heads, kv_heads, hd, bs, 1024, CUDA)(q, pool, tables, ctx)
+    for i in range(4):
+        c = int(ctx[i])
+        pos = torch.arange(c, device=CUDA)
+        slots = tables[i][pos // bs] * bs + pos % bs
+        k = pool[slots, 0].float().repeat_interleave(heads // kv_heads, 1)
+        v = pool[slots, 1].float().repeat_interleave(heads // kv_heads, 1)
+        scores = torch.einsum("hd,chd->hc", q[i].float(), k) / math.sqrt(hd)
+        assert rel(out[i], torch.einsum("hc,chd->hd", scores.softmax(-1), v)) < 2e-2
+
+
+def test_fp8_graphs_equal_eager_and_stay_close_to_bf16(default_model: Path) -> None:
+    """The default model with FP8 weights and an FP8 KV cache: graph replays equal eager steps,
+    and its greedy picks mostly agree with bf16's over the same decode steps."""
+    fp8 = Engine.from_path(
+        default_model,
+        "cuda",
+        "bfloat16",
+        256 << 20,
+        progress=False,
+        max_num_seqs=8,
+        quantize="fp8",
+        kv_cache_dtype="fp8",
+    )
+    assert fp8.loaded.linear_format == "fp8" and fp8.kv.pool.dtype == torch.float8_e4m3fn
+    assert fp8.graphs is not None
+    eager = Engine(fp8.loaded, fp8.num_kv_blocks, fp8.block_size, 8, False, torch.float8_e4m3fn)
+    ids = [prompt(n, fp8.config.vocab_size) for n in (5, 40, 100)]
+    graphed = decode_logits(fp8, ids, 6)
+    for a, b in zip(graphed, decode_logits(eager, ids, 6), strict=True):
+        assert rel(a, b) < 1e-2
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    bf16 = Engine.from_path(default_model, "cuda", "bfloat16", 256 << 20, progress=False)
+    table = list(range(8))
+    chunk = prompt(100, fp8.config.vocab_size)
+    a = bf16.model.logits(bf16.forward([SeqInput("s", chunk, 0, table)]))
+    b = fp8.model.logits(fp8.forward([SeqInput("s", chunk, 0, table)]))
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.7
