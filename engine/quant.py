@@ -231,15 +231,19 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # (tokens, K)
         if flat.is_cuda:
+            from engine.kernels.fp8_rows import rows_to_fp8
             from engine.kernels.w8a16 import SMALL_M, w8a16_matmul
 
             if flat.shape[0] <= SMALL_M:
                 return w8a16_matmul(flat, self.weight, self.scale).reshape(
                     *x.shape[:-1], self.out_features
                 )
-        row_scale = flat.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+            codes, row_scale = rows_to_fp8(flat)
+        else:
+            row_scale = flat.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+            codes = to_fp8(flat, row_scale)
         out = torch._scaled_mm(
-            to_fp8(flat, row_scale),
+            codes,
             self.weight.t(),  # (K, N) column-major, as the GEMM wants its second operand
             scale_a=row_scale,
             scale_b=self.scale[None, :],

@@ -28,6 +28,7 @@ def _partial(
     stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
     BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -46,6 +47,8 @@ def _partial(
         return
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=hmask[:, None], other=0.0)  # (GROUP_PAD, D)  # fmt: skip
+    if KV_FP8:  # e4m3 widens to fp16 in one instruction (to bf16 in several): products in fp16
+        q = q.to(tl.float16)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -61,7 +64,6 @@ def _partial(
         block_id = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
         slot = block_id.to(tl.int64) * BLOCK + tok % BLOCK
         base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-        # An fp8 pool is widened to the queries' dtype in registers.
         k = tl.load(base, mask=valid[:, None], other=0.0).to(q.dtype)  # (TILE, D)
         v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, TILE)
@@ -191,7 +193,7 @@ class PagedDecode:
             out.stride(0), out.stride(1),
             GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
             BLOCK=self.block_size, PART_BLOCKS=part_blocks, TILE=tile, DYNAMIC=tiling.dynamic,
-            num_warps=tiling.warps,
+            KV_FP8=pool.dtype == torch.float8_e4m3fn, num_warps=tiling.warps,
         )  # fmt: skip
         _merge[(b, n_heads)](
             acc, maxes, sums, out, context_lens,

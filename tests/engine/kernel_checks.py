@@ -65,7 +65,7 @@ def check_paged_decode() -> None:
         scores = torch.einsum("hd,chd->hc", q[i], k) / math.sqrt(hd)
         err = float((out[i] - torch.einsum("hc,chd->hd", scores.softmax(-1), v)).abs().max())
         print(f"paged decode over fp8, context {c}: max error {err:.2e}")
-        if err > 1e-4:
+        if err > 5e-3:  # the queries rounded to fp16, in which an fp8 pool is multiplied
             sys.exit(1)
 
 
@@ -96,6 +96,27 @@ def check_w8a16() -> None:
         print(f"fp8 matmul {m}x{n}x{k}, K split {split}: relative error {rel:.2e}")
         if rel > 2e-3:
             sys.exit(1)
+
+
+def check_fp8_rows() -> None:
+    from engine.kernels.fp8_rows import rows_to_fp8
+    from engine.quant import FP8_MAX, to_fp8
+
+    torch.manual_seed(0)
+    x = torch.randn(7, 3000).bfloat16()  # wider than one block: two passes of two blocks
+    x[2, 2500] = 300.0  # an outlier sets its row's scale alone
+    x[4] = 0  # an all-zero row
+    codes, scales = rows_to_fp8(x)
+    want_scales = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    rel = float(((codes.float() * scales) - x.float()).norm() / x.float().norm())
+    print(f"fp8 rows: relative error {rel:.2e}")
+    # The interpreter's e4m3 conversion does not carry a rounding into the next power of two
+    # (127.4 becomes 64): codes are compared as values here, byte for byte on the GPU
+    # (tests/gpu/test_cuda.py).
+    if not torch.allclose(scales, want_scales) or rel > 0.05:
+        sys.exit(1)
+    if codes.float().abs().amax(dim=1)[2] != FP8_MAX or codes[4].float().abs().max() != 0:
+        sys.exit(1)
 
 
 def check_fused() -> None:
@@ -336,6 +357,7 @@ def check_row_decoder() -> None:
 if __name__ == "__main__":
     check_paged_decode()
     check_w8a16()
+    check_fp8_rows()
     check_fused()
     check_row_gemv()
     check_rope_attention()

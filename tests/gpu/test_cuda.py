@@ -437,7 +437,12 @@ def test_fp8_linear_matches_bf16_and_fp32_references(m: int) -> None:
     if m <= SMALL_M:
         exact = x.float() @ w.t()
     else:
+        from engine.kernels.fp8_rows import rows_to_fp8
+
         row_scale = x.float().abs().amax(dim=1, keepdim=True) / FP8_MAX
+        codes, scales = rows_to_fp8(x)  # what the layer multiplies: torch's rounding, exactly
+        assert torch.equal(scales, row_scale)
+        assert torch.equal(codes.view(torch.uint8), to_fp8(x, row_scale).view(torch.uint8))
         exact = (to_fp8(x, row_scale).float() * row_scale) @ w.t()
     assert l2(out, exact) < 1e-2
     assert l2(out, x.float() @ weight.t()) < 5e-2
