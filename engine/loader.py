@@ -136,8 +136,8 @@ def load_model(
         source = _Source(reader, dtype, bar, keep_q4, native)
         # int8/fp8 as each projection is built: the float model is never whole in memory.
         linear = {"int8": Int8Linear, "fp8": Fp8Linear}.get(quantize)
-        # e4m3's 3 mantissa bits in the output head cost the default model most of fp8's
-        # divergence from bf16 (bench/RESULTS-gpu.md): the head stays in `dtype`, as vLLM's.
+        # The output head stays in `dtype`, as vLLM's: its logits are what sampling reads, and
+        # e4m3's 3 mantissa bits there cost the default model the most (bench/RESULTS-gpu.md).
         head = quantize != "fp8"
         if tp.sharded:
             plan = ShardPlan.for_model(config, tp.rank, tp.world_size)

@@ -40,8 +40,9 @@ class EngineSettings:
         "auto: the fastest measured choice (bench/RESULTS-cpu.md, RESULTS-gpu.md): on CPU a "
         "GGUF's Q4_0/Q4_1/Q8_0 codes through tandem's native int8 kernels where they build, "
         "else int4; int4 (CPU): the codes through torch's int4 kernel, bf16 activations; "
-        "int8: weight-only int8, per-channel scales; fp8 (CUDA 8.9+, or CPU): e4m3 weights, "
-        "per-channel scales, FP8 GEMMs with per-token activation scales beyond a few rows; "
+        "int8: weight-only int8, per-channel scales; fp8 (CUDA compute capability 8.9+; on CPU "
+        "exact but slow): e4m3 weights, per-channel scales, FP8 GEMMs with per-token activation "
+        "scales beyond a few rows, the output head in --dtype; "
         "none: dequantized weights in --dtype",
         choices=QUANTIZE,
     )
