@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from services.process import Service, channel_credentials, main, run_service, settings_of
-from services.scheduler.config import SchedulerProcessConfig
+from services.scheduler.config import SchedulerConfig, SchedulerProcessConfig
 from services.telemetry.tracing import Tracing
 
 
@@ -34,8 +34,11 @@ async def serve(config: SchedulerProcessConfig) -> int:
                 channel_credentials(config.tls) if config.tls.secures(config.worker) else None,
             ),
             Routes(),
-            lambda model: config.scheduler_config(
-                model.num_kv_blocks, model.block_size, model.max_seq_len
+            lambda model: SchedulerConfig(
+                **vars(config.policy),
+                num_kv_blocks=model.num_kv_blocks,
+                block_size=model.block_size,
+                max_model_len=model.max_seq_len,
             ),
             SchedulerTelemetry(tracing, metrics),
         )

@@ -70,8 +70,13 @@ def admit(s: SchedulerState, b: StepBuilder, now: float) -> None:
         budget = b.budget + bonus
         if budget <= 0:
             break
+        # The one to preempt for the head: the lowest-ranked running sequence, if it is of lower
+        # priority and has not aged past the head.
+        victim = s.running[-1] if s.running else None
+        if victim is not None and (victim.priority >= head.priority or victim.rank >= eff):
+            victim = None
         seats_full = len(s.running) >= cfg.max_num_seqs
-        if seats_full and _victim_for(s, head, eff) is None:
+        if seats_full and victim is None:
             break
         total = len(head.token_ids)
         # At least the last token is recomputed: the worker needs its logits to sample.
@@ -94,17 +99,17 @@ def admit(s: SchedulerState, b: StepBuilder, now: float) -> None:
         if head.deadline is not None and now + s.step_s_ewma * steps > head.deadline:
             s.finish(head, "deadline", now, "could not finish its prompt before the deadline")
             continue
-        if seats_full:
-            _preempt_for(s, b, head, eff, now)
-            continue
         num_new = -(-(cached + chunk) // bs) - len(hits)
-        while num_new + blocks.num_unreferenced(hits) > blocks.num_free:
-            if not s.sessions.release_lru():
+        if not seats_full:
+            while num_new + blocks.num_unreferenced(hits) > blocks.num_free:
+                if not s.sessions.release_lru():
+                    break
+        if seats_full or num_new + blocks.num_unreferenced(hits) > blocks.num_free:
+            if victim is None:
                 break
-        if num_new + blocks.num_unreferenced(hits) > blocks.num_free:
-            if _victim_for(s, head, eff) is None:
-                break
-            _preempt_for(s, b, head, eff, now)
+            # Already in this step? Its row comes back out before its blocks go.
+            b.remove(victim)
+            s.preempt(victim, "priority", now)
             continue
         _start(s, b, hits, num_new, chunk, now)
         if bonus:
@@ -141,28 +146,6 @@ def _start(
         s.prefix_hits += cached
         s.events.append(Scheduled(req.seq_id, now, now - req.arrival_time, cached))
     s.window.close()
-
-
-def _victim_for(s: SchedulerState, head: RequestState, eff: float) -> RequestState | None:
-    """The lowest-ranked running sequence, if it is of lower priority than `head` and has not
-    aged past it: the one to preempt for `head`."""
-    if not s.running:
-        return None
-    victim = s.running[-1]
-    if victim.priority >= head.priority or victim.rank >= eff:
-        return None
-    return victim
-
-
-def _preempt_for(
-    s: SchedulerState, b: StepBuilder, head: RequestState, eff: float, now: float
-) -> None:
-    victim = _victim_for(s, head, eff)
-    if victim is None:
-        return
-    # Already in this step? Its row comes back out before its blocks go.
-    b.remove(victim)
-    s.preempt(victim, "priority", now)
 
 
 def schedule_deferred(

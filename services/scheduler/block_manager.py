@@ -56,8 +56,6 @@ class BlockManager:
 
     def lookup(self, block_hashes: Sequence[bytes], max_blocks: int) -> list[int]:
         """The longest run of leading blocks already cached, at most `max_blocks` of them."""
-        if not self.enable_caching:
-            return []
         hits: list[int] = []
         cached = self.cached
         for block_hash in block_hashes[:max_blocks]:

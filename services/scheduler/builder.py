@@ -79,10 +79,6 @@ class StepBuilder:
     def num_rows(self) -> int:
         return len(self.decode_reqs) + len(self.prefill_reqs)
 
-    def note_prefill(self, priority: int, rank: float) -> None:
-        if self.prefill_top is None or (priority, rank) > self.prefill_top:
-            self.prefill_top = (priority, rank)
-
     def holds_back(self, priority: int, rank: float) -> bool:
         """Whether a prefill of this priority must wait for a step of its own: a step carrying a
         more important prefill stays as short as that prefill. Aging lifts the hold (rank)."""
@@ -119,7 +115,8 @@ class StepBuilder:
         self.budget -= end - start
         if self.yield_below is not None and req.priority < self.yield_below:
             self.lower_prefill_left -= end - start
-        self.note_prefill(req.priority, req.rank)
+        if self.prefill_top is None or (req.priority, req.rank) > self.prefill_top:
+            self.prefill_top = (req.priority, req.rank)
 
     def remove(self, req: RequestState) -> None:
         """Take req's row back out (if it has one), and its tokens back into the budget."""

@@ -78,17 +78,14 @@ class SchedulingPolicy:
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.lower_priority_prefill_tokens < 0:
-            raise ValueError(
-                "lower_priority_prefill_tokens must be >= 0, got "
-                f"{self.lower_priority_prefill_tokens}"
-            )
-        if self.priority_horizon_s < 0:
-            raise ValueError(f"priority_horizon_s must be >= 0, got {self.priority_horizon_s}")
-        if self.aging_per_s < 0:
-            raise ValueError(f"aging_per_s must be >= 0, got {self.aging_per_s}")
-        if self.max_wait_us < 0:
-            raise ValueError(f"max_wait_us must be >= 0, got {self.max_wait_us}")
+        for name in (
+            "lower_priority_prefill_tokens",
+            "priority_horizon_s",
+            "aging_per_s",
+            "max_wait_us",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.session_kv_fraction <= 1.0:
             raise ValueError(
                 f"session_kv_fraction must be in [0, 1], got {self.session_kv_fraction}"
@@ -144,13 +141,3 @@ class SchedulerProcessConfig:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
-
-    def scheduler_config(
-        self, num_kv_blocks: int, block_size: int, max_model_len: int
-    ) -> SchedulerConfig:
-        return SchedulerConfig(
-            **vars(self.policy),
-            num_kv_blocks=num_kv_blocks,
-            block_size=block_size,
-            max_model_len=max_model_len,
-        )

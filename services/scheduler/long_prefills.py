@@ -32,6 +32,3 @@ class LongPrefills:
         self.by_priority[req.priority] -= 1
         if not self.by_priority[req.priority]:
             del self.by_priority[req.priority]
-
-    def clear(self) -> None:
-        self.by_priority.clear()

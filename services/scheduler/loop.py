@@ -43,11 +43,6 @@ class RequestRecord(SequenceRecord):
     tokenizer_id: str = ""
 
 
-def worker_gone(why: str) -> str:
-    """What every request in flight ends with when the link to the worker is lost."""
-    return f"UNAVAILABLE: lost the worker ({why}); the request was lost"
-
-
 class StepLoop:
     def __init__(
         self,
@@ -162,8 +157,7 @@ class StepLoop:
             core = self.core
             if core is None or not self.ready.is_set():
                 continue
-            limit = 2 if core.config.async_scheduling else 1
-            while core.num_in_flight < limit and self._plan_one(core):
+            while core.num_in_flight < core.max_flights and self._plan_one(core):
                 pass
             self._arm_timer(core.next_wakeup())
 
@@ -217,8 +211,9 @@ class StepLoop:
         self.ready.clear()
         self.lost = (time.monotonic(), why)
         if self.core is not None:
-            events = self.core.fail_all(worker_gone(why))
-            self._route(events)
+            self._route(
+                self.core.fail_all(f"UNAVAILABLE: lost the worker ({why}); the request was lost")
+            )
         self.records.clear()
         self.seq_ids.clear()
         self.worker_restarts += 1

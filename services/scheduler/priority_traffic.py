@@ -26,6 +26,3 @@ class PriorityTraffic:
         for priority in [p for p, t in recent.items() if t < since]:
             del recent[priority]
         return max(recent) if len(recent) > 1 else None
-
-    def clear(self) -> None:
-        self.last_arrival.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from services.protocol import PLACEHOLDER
@@ -26,7 +26,7 @@ class Request:
     # Clock time the request entered the system; None means "when add_request is called".
     arrival_time: float | None = None
     # Sampling parameters: opaque here, passed through to the worker with its first row.
-    sampling: Any = field(default=None)
+    sampling: Any = None
 
 
 class Status(enum.Enum):

@@ -31,11 +31,10 @@ def schedule_running(
         b.decode_tokens.append,
     )
     budget = b.budget
+    b.floor_priority = floor[0] if floor is not None else None
+    below = floor[0] if floor is not None else -math.inf
     # Decodes of lower priority than the waiting head (see StepBuilder.outranked_decodes).
-    floor_priority = floor[0] if floor is not None else None
-    b.floor_priority = floor_priority
     outranked = 0
-    below = floor_priority if floor_priority is not None else -math.inf
     # Held-back prefills, with their preemption count: one preempted (and maybe re-admitted)
     # by the admission pass is not theirs to schedule any more.
     deferred: list[tuple[RequestState, int]] = []

@@ -85,7 +85,7 @@ class Scheduler(SchedulerState):
         `async_scheduling` the next call may come before that answer (one more plan in flight),
         otherwise it must come after. An empty plan needs no answer (its finished ids wait for
         the next plan)."""
-        if len(self.flights) >= self._max_flights:
+        if len(self.flights) >= self.max_flights:
             raise RuntimeError(
                 f"schedule() called while {len(self.flights)} plan(s) await update()"
             )
@@ -131,10 +131,8 @@ class Scheduler(SchedulerState):
         # With two plans in flight this one started when the previous result came back.
         step_s = now - max(flight.planned_at, self._last_update)
         self._last_update = now
-        if self.step_s_ewma == 0.0:
-            self.step_s_ewma = step_s
-        else:
-            self.step_s_ewma += _STEP_ALPHA * (step_s - self.step_s_ewma)
+        ewma = self.step_s_ewma
+        self.step_s_ewma = step_s if ewma == 0.0 else ewma + _STEP_ALPHA * (step_s - ewma)
         if results.apply(self, plan, flight.reqs, result.sampled, now, result.failed):
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return self.drain_events()
@@ -145,9 +143,9 @@ class Scheduler(SchedulerState):
 
     def _expire(self, now: float) -> None:
         # A waiting request whose deadline falls within one step cannot produce a token in time.
-        for req in self.deadlines.pop_waiting(now + self.step_s_ewma):
+        for req in self.deadlines.waiting.pop_until(now + self.step_s_ewma):
             self.finish(req, "deadline", now, "could not start before the deadline")
-        for req in self.deadlines.pop_running(now):
+        for req in self.deadlines.running.pop_until(now):
             self.finish(req, "deadline", now, "the deadline passed while it ran")
 
     # -- for the service loop ----------------------------------------------------------------
@@ -159,10 +157,10 @@ class Scheduler(SchedulerState):
         times: list[float] = []
         if self.waiting.count and not self.running and self.window.closes_at is not None:
             times.append(self.window.closes_at)
-        waiting_deadline = self.deadlines.next_waiting()
+        waiting_deadline = self.deadlines.waiting.earliest()
         if waiting_deadline is not None:
             times.append(waiting_deadline - self.step_s_ewma)
-        running_deadline = self.deadlines.next_running()
+        running_deadline = self.deadlines.running.earliest()
         if running_deadline is not None:
             times.append(running_deadline)
-        return min(times) if times else None
+        return min(times, default=None)

@@ -43,10 +43,5 @@ class SessionPins:
         self.release(next(iter(self._pins)))
         return True
 
-    def clear(self) -> None:
-        """Drop every pin without touching the block accounts (they are being reset)."""
-        self._pins.clear()
-        self.num_pinned = 0
-
     def items(self) -> list[tuple[str, list[int]]]:
         return list(self._pins.items())

@@ -26,10 +26,6 @@ from services.scheduler.waiting import WaitingQueue
 from services.scheduler.window import BatchWindow
 
 
-def _rank_key(req: RequestState) -> tuple[float, int]:
-    return (-req.rank, req.order)
-
-
 class Flight(NamedTuple):
     plan: StepPlan
     # The request behind each row of the plan.
@@ -74,6 +70,23 @@ class SchedulerState:
         self.blocks = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.events: list[Event] = []
+        self.max_flights = 2 if config.async_scheduling else 1
+        # When the last result was applied: with two plans in flight a step starts then.
+        self._last_update = 0.0
+        self.step_s_ewma = 0.0
+        self._next_order = 0
+        # The id of the next non-empty plan (the one being built, inside schedule()).
+        self.next_step_id = 0
+        self.num_preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.num_finished: Counter[str] = Counter()
+        self._open_books()
+
+    def _open_books(self) -> None:
+        """The books of the requests in flight, empty: at the start, and after `fail_all`."""
+        config = self.config
         self.sessions = SessionPins(
             self.blocks, int(config.num_kv_blocks * config.session_kv_fraction)
         )
@@ -83,27 +96,15 @@ class SchedulerState:
         self.requests: dict[int, RequestState] = {}
         self.deadlines = Deadlines()
         self.window = BatchWindow(config.max_wait_s, config.window_max_seqs)
-        self.events: list[Event] = []
         # Requests the worker may forget, sent with the next non-empty plan.
         self.forget: list[int] = []
         # Plans sent and not yet answered, oldest first: one, or two with async_scheduling.
         self.flights: deque[Flight] = deque()
-        self._max_flights = 2 if config.async_scheduling else 1
-        # When the last result was applied: with two plans in flight a step starts then.
-        self._last_update = 0.0
-        self.step_s_ewma = 0.0
         self.long_prefills = LongPrefills()
         self.num_preempted_waiting = 0
         self.traffic = PriorityTraffic(config.priority_horizon_s)
         # Requests preempted by the schedule() call under way: admission leaves them be.
         self.preempted_now: set[RequestState] = set()
-        self._next_order = 0
-        # The id of the next non-empty plan (the one being built, inside schedule()).
-        self.next_step_id = 0
-        self.num_preemptions = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.num_finished: Counter[str] = Counter()
 
     def fail_all(self, reason: str) -> list[Event]:
         """The worker died: every request ends with "error", and all KV accounts start over."""
@@ -112,19 +113,8 @@ class SchedulerState:
             req.status = Status.FINISHED
             self.num_finished["error"] += 1
             self.events.append(Finished(req.seq_id, now, "error", req.num_output_tokens, reason))
-        self.requests.clear()
-        self.running.clear()
-        self.waiting = WaitingQueue(self.config.aging_per_s)
-        self.deadlines.clear()
-        self.sessions.clear()
         self.blocks.reset()
-        self.window.reset()
-        self.forget.clear()
-        self.flights.clear()
-        self.long_prefills.clear()
-        self.num_preempted_waiting = 0
-        self.preempted_now.clear()
-        self.traffic.clear()
+        self._open_books()
         return self.drain_events()
 
     def drain_events(self) -> list[Event]:
@@ -161,7 +151,7 @@ class SchedulerState:
 
     def start_running(self, req: RequestState) -> None:
         req.status = Status.RUNNING
-        bisect.insort(self.running, req, key=_rank_key)
+        bisect.insort(self.running, req, key=lambda r: (-r.rank, r.order))
         self.deadlines.add(req)
 
     def finish(

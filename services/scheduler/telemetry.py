@@ -71,9 +71,8 @@ class _Request:
 
 class SchedulerTelemetry:
     def __init__(self, tracing: Tracing | None = None, metrics: SchedulerMetrics | None = None):
-        self.tracing = tracing or Tracing.off()
-        self.tracer = self.tracing.tracer
-        self.tracing_on = self.tracing.enabled
+        tracing = tracing or Tracing.off()
+        self.tracer, self.tracing_on = tracing.tracer, tracing.enabled
         self.metrics = metrics or SchedulerMetrics()
         self.clock = EpochClock()
         self.requests: dict[int, _Request] = {}

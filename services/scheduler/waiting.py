@@ -28,9 +28,6 @@ class WaitingQueue:
         # Tokens the waiting requests would prefill: the second backpressure bound.
         self.num_tokens = 0
 
-    def __len__(self) -> int:
-        return self.count
-
     def push(self, req: RequestState) -> None:
         key = req.priority + self.aging_per_s * (req.waited_s - req.enqueue_time)
         heapq.heappush(self._heap, (-key, req.order, req))
@@ -48,16 +45,13 @@ class WaitingQueue:
         if req is None:
             raise IndexError("pop from an empty waiting queue")
         heapq.heappop(self._heap)
-        self._forget(req)
+        self.discard(req)
         return req
 
     def discard(self, req: RequestState) -> None:
-        """Account for a waiting request leaving; its heap entry is dropped when it surfaces."""
-        self._forget(req)
+        """Account for a waiting request leaving; a stale heap entry is dropped when it surfaces."""
+        self.count -= 1
+        self.num_tokens -= len(req.token_ids)
 
     def live(self) -> list[RequestState]:
         return [entry[2] for entry in self._heap if entry[2].status in _WAITING]
-
-    def _forget(self, req: RequestState) -> None:
-        self.count -= 1
-        self.num_tokens -= len(req.token_ids)

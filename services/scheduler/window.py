@@ -48,8 +48,3 @@ class BatchWindow:
 
     def close(self) -> None:
         self.opened_at = None
-
-    def reset(self) -> None:
-        self.opened_at = None
-        self._last_arrival = None
-        self.short_gap_share = None
