@@ -198,7 +198,7 @@ class StepLoop:
             raise WorkerGone(f"an outcome of step {outcome.step_id}, step in flight: {expected}")
         if outcome.error:
             log.warning("step %d: %s", outcome.step_id, outcome.error)
-        self.telemetry.on_outcome(self.link.sent_ns, outcome)
+        self.telemetry.on_hops(*self.link.last_hops)
         try:
             result, top = decode_outcome(outcome)
         except ValueError as err:

@@ -230,11 +230,9 @@ class SchedulerTelemetry:
             fallback = fallback or req.phase_parent
         desc.traceparent = fallback
 
-    def on_outcome(self, sent_ns: int, outcome: hp.StepOutcome) -> None:
-        """Hop times of a step (all CLOCK_MONOTONIC on this host)."""
-        if sent_ns and outcome.received_ns >= sent_ns:
-            self.metrics.hop_to_worker.observe((outcome.received_ns - sent_ns) * 1e-9)
-        if outcome.sent_ns:
-            back = time.monotonic_ns() - outcome.sent_ns
-            if back >= 0:
-                self.metrics.hop_to_scheduler.observe(back * 1e-9)
+    def on_hops(self, to_worker_s: float | None, to_scheduler_s: float | None) -> None:
+        """A step's hop times, as the worker link measured them (None: not measurable)."""
+        if to_worker_s is not None:
+            self.metrics.hop_to_worker.observe(to_worker_s)
+        if to_scheduler_s is not None:
+            self.metrics.hop_to_scheduler.observe(to_scheduler_s)

@@ -37,9 +37,12 @@ class HopTimes:
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=HOP_SAMPLES)
 
-    def add(self, start_ns: int, end_ns: int) -> None:
-        if start_ns and end_ns >= start_ns:
-            self.samples.append((end_ns - start_ns) / 1000)
+    def add(self, start_ns: int, end_ns: int) -> float | None:
+        """Records one hop; its seconds, or None where the two times do not order it."""
+        if not start_ns or end_ns < start_ns:
+            return None
+        self.samples.append((end_ns - start_ns) / 1000)
+        return (end_ns - start_ns) * 1e-9
 
     def percentile(self, q: float) -> float:
         if not self.samples:
@@ -71,8 +74,9 @@ class WorkerLink:
         self._sender: asyncio.Task[None] | None = None
         self.to_worker = HopTimes()
         self.to_scheduler = HopTimes()
-        self.sent_ns = 0
         self.sent_at: dict[int, int] = {}
+        # The last outcome's hops in seconds (to the worker, back), for the metrics.
+        self.last_hops: tuple[float | None, float | None] = (None, None)
         self.last_outcome_ns = 0
         self.broken = ""  # why this side gave the rings up (abandon), until the next connect
 
@@ -131,7 +135,7 @@ class WorkerLink:
         return description
 
     def send(self, desc: hp.StepDescriptor) -> None:
-        desc.sent_ns = self.sent_ns = time.monotonic_ns()
+        desc.sent_ns = time.monotonic_ns()
         self.sent_at[desc.step_id] = desc.sent_ns
         if self.steps is not None:
             try:
@@ -170,10 +174,13 @@ class WorkerLink:
             outcome = item
         # With a step queued behind the running one, the worker could not take it before it
         # finished the previous step: the hop is measured from whichever came later.
+        # Each step's own send time: with two in flight, the latest send is the next step's.
         sent = self.sent_at.pop(outcome.step_id, 0)
-        self.to_worker.add(max(sent, self.last_outcome_ns), outcome.received_ns)
+        self.last_hops = (
+            self.to_worker.add(max(sent, self.last_outcome_ns), outcome.received_ns),
+            self.to_scheduler.add(outcome.sent_ns, time.monotonic_ns()),
+        )
         self.last_outcome_ns = outcome.sent_ns
-        self.to_scheduler.add(outcome.sent_ns, time.monotonic_ns())
         return outcome
 
     def abandon(self, why: str) -> None:

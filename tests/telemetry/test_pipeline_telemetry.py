@@ -277,6 +277,10 @@ def test_metrics_count_what_was_served(
             assert delta(sch, f"tandem_request_{histogram}_time_seconds_count") == 3
         steps = delta(sch, "tandem_scheduler_steps_total")
         assert steps == generated  # one at a time: a prefill step, then a step per further token
+        # Every step's hops, each timed from its own send, also with the next step in flight.
+        for direction in ("to_worker", "to_scheduler"):
+            hops = delta(sch, "tandem_step_hop_seconds_count", direction=direction)
+            assert hops == steps, (direction, hops, steps)
         assert after[sch][("tandem_num_requests_running", ())] == 0
         assert after[sch][("tandem_num_requests_waiting", ())] == 0
         assert after[sch][("tandem_kv_cache_usage_perc", ())] == 0
