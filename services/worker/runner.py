@@ -79,7 +79,6 @@ class StepRunner:
         return outcome
 
     def _run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
-        started = time.perf_counter()
         outcome = hp.StepOutcome(step_id=desc.step_id)
         for seq_id in desc.finished_seq_ids:
             self.seqs.pop(seq_id, None)
@@ -120,7 +119,6 @@ class StepRunner:
                 pad = top_n - len(out.top_logprobs)
                 outcome.top_ids.extend([t for t, _ in out.top_logprobs] + [-1] * pad)
                 outcome.top_logprobs.extend([lp for _, lp in out.top_logprobs] + [0.0] * pad)
-        outcome.forward_s = time.perf_counter() - started
         return outcome
 
     def _admit(self, new: hp.NewSequence) -> SeqState:
