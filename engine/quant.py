@@ -202,7 +202,8 @@ class Fp8Linear(nn.Module):
     """FP8 (e4m3) weights with one scale per output channel: w ≈ q * scale.
 
     Few rows (decode) are bound by reading the weights, so they stay weight-only: the int8
-    kernel widens the fp8 tile in registers (half the bytes of bf16, like int8). More rows
+    kernel widens the fp8 tile in registers (half the bytes of bf16, like int8), and a batch-1
+    graph reads them through the fused row kernels (engine/row_decode.py). More rows
     (prefill, large batches) are bound by arithmetic: each row's activations are scaled into e4m3
     by their own absolute maximum and the FP8 tensor cores multiply (`torch._scaled_mm`, row-wise
     scales), at twice bf16's rate on Hopper.

@@ -10,7 +10,7 @@ the products. Here a layer is
     gate/up ← RMSNorm in front, SiLU·up behind
     down → residual add
 
-and the final norm rides in front of the output head. With int8 weights, gate/up and the head
+and the final norm rides in front of the output head. With int8 or fp8 weights, gate/up and the head
 run on the tensor cores (engine/kernels/row_gemv_tc.py) where their shapes and norm weights
 fit. On Hopper every launch is a programmatic dependent launch, so a product's weights stream
 in while the kernel before it finishes.
@@ -32,14 +32,14 @@ from engine.kernels.rope_attention import RopeAttention
 from engine.kernels.row_gemv import NORM, RESIDUAL, STORE, SWIGLU, row_gemv
 from engine.kv_cache import KVCache
 from engine.model import Transformer
-from engine.quant import Int8Linear
+from engine.quant import Fp8Linear, Int8Linear
 
 log = logging.getLogger(__name__)
 
 
 def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A projection's weight, and its per-row scale where the weight is int8."""
-    if isinstance(module, Int8Linear):
+    """A projection's weight, and its per-row scale where the weight is int8 or fp8."""
+    if isinstance(module, Int8Linear | Fp8Linear):
         return module.weight, module.scale
     return cast(nn.Linear, module).weight, None
 
@@ -56,7 +56,7 @@ class RowDecoder:
         )
         # Programmatic dependent launch needs Hopper or later.
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-        # Int8 gate/up and head products on the tensor cores where they fit (row_gemv_tc.py).
+        # Int8/fp8 gate/up and head products on the tensor cores where they fit (row_gemv_tc.py).
         tensor_cores = tc.available(device)
 
         def on_tensor_cores(module: nn.Module, epilogue: int, norm: torch.Tensor) -> bool:
@@ -78,8 +78,8 @@ class RowDecoder:
 
     @staticmethod
     def fits(model: Transformer) -> bool:
-        """A bf16/fp16 model on CUDA whose projections are plain weights, or weight-only int8
-        (engine/quant.py) with widths a multiple of 4."""
+        """A bf16/fp16 model on CUDA whose projections are plain weights, int8 or fp8
+        (engine/quant.py), with widths a multiple of 4."""
         weight = model.norm.weight
         if not weight.is_cuda or weight.dtype not in (torch.bfloat16, torch.float16):
             return False
@@ -88,7 +88,7 @@ class RowDecoder:
             return False
         projections = [model.output, *(p for b in model.blocks() for p in b.projections())]
         for module in projections:
-            if type(module) not in (nn.Linear, Int8Linear):
+            if type(module) not in (nn.Linear, Int8Linear, Fp8Linear):
                 return False
             w, scale = _weights(module)
             if not w.is_contiguous() or (scale is not None and w.shape[1] % 4):

@@ -38,6 +38,9 @@ as a kernel argument: as a literal, ptxas makes it the permute's immediate opera
 the byte selector in a register before every permute, a quarter more instructions in the loop.
 (Triton's CPU interpreter cannot run the inline PTX; there shifts and masks build the same
 bits.)
+
+FP8 (e4m3) weights, also with a scale per row, are read as bytes and widened by the hardware's
+conversion (e4m3 pairs to fp16 pairs, then fp32): e4m3 has no linear bit trick like int8's.
 """
 
 from __future__ import annotations
@@ -125,11 +128,20 @@ def _int8_product(
 
 
 @triton.jit
+def _widened(w, FP8: tl.constexpr):
+    """A tile of weights in fp32; fp8 ones arrive as their bytes (a masked fp8 load's 0 would
+    not be a byte)."""
+    if FP8:
+        w = w.to(tl.float8e4nv, bitcast=True)
+    return w.to(tl.float32)
+
+
+@triton.jit
 def _row_gemv(
     x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, N, eps, one,
     K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr, EPILOGUE: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, INT8: tl.constexpr,
-    ASM: tl.constexpr, PDL: tl.constexpr,
+    FP8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     t = tl.arange(0, BN)
@@ -169,19 +181,20 @@ def _row_gemv(
         # Σ (1 + u/2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15: Σ q a is what follows.
         total = tl.sum(sums, 0)
         y = 32768.0 * (tl.sum(acc, 1) - total) - 128.0 * total
-        y *= tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
     else:
         rk = tl.arange(0, BK)
         a = _activation(x_ptr, g_ptr, rk, _within(rk, K, EVEN), rstd, PROLOGUE)
-        acc = first.to(tl.float32) * a[None, :]  # (BN, BK), summed over K once at the end
+        acc = _widened(first, FP8) * a[None, :]  # (BN, BK), summed over K once at the end
         for k0 in range(BK, K, BK):
             kk = k0 + rk
             km = _within(kk, K, EVEN)
             wm = nmask[:, None] & km[None, :]
             w = tl.load(rows + kk[None, :], mask=wm, other=0, eviction_policy="evict_first")
             a = _activation(x_ptr, g_ptr, kk, km, rstd, PROLOGUE)
-            acc += w.to(tl.float32) * a[None, :]
+            acc += _widened(w, FP8) * a[None, :]
         y = tl.sum(acc, 1)
+    if INT8 or FP8:
+        y *= tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
     dt = out_ptr.dtype.element_ty
     if EPILOGUE == 1:  # RESIDUAL: the product rounded, added to the stream, rounded again
         s = y.to(dt).to(tl.float32) + tl.load(res_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
@@ -206,7 +219,10 @@ def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
     products, whose 1,024 programs are few enough already) keep enough bytes in flight. Int8,
     whose widening is arithmetic: more rows a program share each input, with 4 warps and
     narrower loads. (Splitting K across programs, the last to finish summing the parts, was
-    slower for every shape, bf16 and int8.)"""
+    slower for every shape, bf16 and int8.) FP8 (weight_bytes 0: a conversion, not int8's
+    arithmetic): 8 rows and 4 warps, narrower loads for the 14,336-input rows."""
+    if weight_bytes == 0:
+        return 8, 1024 if k > 4096 else min(4096, triton.next_power_of_2(k)), 4
     if weight_bytes == 1:
         if k > 4096:
             return 8, 2048, 4
@@ -231,19 +247,19 @@ def row_gemv(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """y = weight @ prologue(x) for one row x (1, K), through an epilogue.
 
-    weight: (N, K) in x's dtype, or int8 with `scale` (N,) (w = q * scale per row; K a multiple
-    of 4). Prologue NORM: the input is rms_norm(x) * norm_weight, x's sum of squares being the
-    sum of `squares` (RESIDUAL's partial sums) where given. Epilogues: STORE returns (y, None),
-    y (1, N) in out_dtype (default x's dtype); RESIDUAL returns (residual + y, its partial sums
-    of squares), residual (1, N); SWIGLU, weight gate rows then up rows (2F, K), returns
-    (silu(gate) * up (1, F), None)."""
+    weight: (N, K) in x's dtype, or int8 or float8_e4m3fn with `scale` (N,) (w = q * scale per
+    row; int8: K a multiple of 4). Prologue NORM: the input is rms_norm(x) * norm_weight, x's
+    sum of squares being the sum of `squares` (RESIDUAL's partial sums) where given.
+    Epilogues: STORE returns (y, None), y (1, N) in out_dtype (default x's dtype); RESIDUAL
+    returns (residual + y, its partial sums of squares), residual (1, N); SWIGLU, weight gate
+    rows then up rows (2F, K), returns (silu(gate) * up (1, F), None)."""
     n, k = weight.shape
     assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
-    int8 = scale is not None
-    assert weight.dtype == (torch.int8 if int8 else x.dtype)
+    int8, fp8 = weight.dtype == torch.int8, weight.dtype == torch.float8_e4m3fn
+    assert (scale is not None) == (int8 or fp8) and (int8 or fp8 or weight.dtype == x.dtype)
     assert (prologue == NORM) == (norm_weight is not None)
     assert (epilogue == RESIDUAL) == (residual is not None)
-    bn, bk, warps = tile or _tile(n, k, weight.element_size())
+    bn, bk, warps = tile or _tile(n, k, 0 if fp8 else weight.element_size())
     if epilogue == SWIGLU:
         assert n % 2 == 0 and bn % 2 == 0
         n //= 2
@@ -256,11 +272,13 @@ def row_gemv(
     if int8:
         assert k % 4 == 0 and bk % 4 == 0
         weight = weight.view(torch.int32)  # words of four weights, read 32 bits at a time
+    elif fp8:
+        weight = weight.view(torch.int8)
     _row_gemv[(programs,)](
         x, x if norm_weight is None else norm_weight, sq_out if squares is None else squares,
         weight, x if scale is None else scale, x if residual is None else residual, out, sq_out,
         n, eps, _ONE, K=k, PROLOGUE=prologue, N_SQ=0 if squares is None else squares.numel(),
         EPILOGUE=epilogue, BN=bn, BK=bk, EVEN=n % rows == 0 and k % bk == 0, INT8=int8,
-        ASM=x.is_cuda, PDL=pdl, num_warps=warps, launch_pdl=pdl,
+        FP8=fp8, ASM=x.is_cuda, PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
     return out, sq_out if epilogue == RESIDUAL else None

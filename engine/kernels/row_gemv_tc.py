@@ -1,5 +1,6 @@
-"""Int8 matrix-vector products on the tensor cores (Gluon), for the two widest one-row products
-of a decode step: gate/up (NORM in front, SWIGLU behind) and the output head (NORM in front).
+"""Int8 and FP8 matrix-vector products on the tensor cores (Gluon), for the two widest one-row
+products of a decode step: gate/up (NORM in front, SWIGLU behind) and the output head (NORM in
+front).
 
 row_gemv.py widens int8 weights with a byte permute and an FMA each on the CUDA cores: at
 gate/up that arithmetic keeps the product under the memory's pace. Here the widening is exact
@@ -7,7 +8,8 @@ and cheaper, and the multiply-adds go to the tensor cores:
 
 - A 32-bit word of four weights becomes four fp16 weights with one XOR, two byte permutes and
   two packed subtractions: each byte, its sign bit flipped (u = q + 128), is put under 1024's
-  exponent (the fp16 1024 + u) and 1152 is taken off: q, exactly.
+  exponent (the fp16 1024 + u) and 1152 is taken off: q, exactly. Four e4m3 weights take two
+  conversions of a pair each (every e4m3 value is an fp16 one).
 - mma.m16n8k16 multiplies 16 weight rows by the input, fp16 in, fp32 accumulated. The input
   (rms_norm(x) * g, rounded to the model's dtype as model.py does) is widened to fp16 once a
   program and kept in shared memory; fp16 holds every bf16 of that range exactly (`fits`
@@ -116,6 +118,12 @@ if gluon is not None:
         " sub.rn.f16x2 p, p, m; sub.rn.f16x2 q, q, m;"
         " mov.b32 {$0, $1}, p; mov.b32 {$2, $3}, q; }"
     )
+    # One word of four e4m3 weights → four fp16 weights, exactly: the hardware converts pairs.
+    _WIDEN_FP8: gl.constexpr = gl.constexpr(
+        "{ .reg .b16 lo, hi; .reg .b32 p, q; mov.b32 {lo, hi}, $4;"
+        " cvt.rn.f16x2.e4m3x2 p, lo; cvt.rn.f16x2.e4m3x2 q, hi;"
+        " mov.b32 {$0, $1}, p; mov.b32 {$2, $3}, q; }"
+    )
 
     @gluon.jit
     def _logical(t, ROWS: gl.constexpr, TK: gl.constexpr, K_AXIS: gl.constexpr):
@@ -136,12 +144,13 @@ if gluon is not None:
 
     @gluon.jit
     def _step(acc, words, xs, TN: gl.constexpr, TK: gl.constexpr, MMA: gl.constexpr,
-              FRAG: gl.constexpr, INPUTS: gl.constexpr):  # fmt: skip
-        """acc + the (TN, TK) int8 tile `words` times the staged input chunk xs."""
+              FRAG: gl.constexpr, INPUTS: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
+        """acc + the (TN, TK) int8 (or e4m3) tile `words` times the staged input chunk xs."""
         words = gl.convert_layout(words, FRAG)  # a warp shuffle from the coalesced load
         w0, w1, w2, w3 = gl.inline_asm_elementwise(
-            _WIDEN, "=h,=h,=h,=h,r", [words], dtype=(gl.float16,) * 4, is_pure=True, pack=1
-        )
+            _WIDEN_FP8 if FP8 else _WIDEN, "=h,=h,=h,=h,r", [words], dtype=(gl.float16,) * 4,
+            is_pure=True, pack=1,
+        )  # fmt: skip
         a = gl.reshape(gl.join(gl.join(w0, w2), gl.join(w1, w3)), [TN, TK])  # bytes in k order
         a = gl.convert_layout(_logical(a, TN, TK, 1), gl.DotOperandLayout(0, MMA, 2))
         x = xs.load(gl.SliceLayout(1, INPUTS))
@@ -154,7 +163,7 @@ if gluon is not None:
         x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, out_ptr, N, eps,
         K: gl.constexpr, N_SQ: gl.constexpr, EPILOGUE: gl.constexpr, TN: gl.constexpr,
         TK: gl.constexpr, PDL: gl.constexpr, MMA: gl.constexpr,
-        FRAG: gl.constexpr, LOADED: gl.constexpr, INPUTS: gl.constexpr,
+        FRAG: gl.constexpr, LOADED: gl.constexpr, INPUTS: gl.constexpr, FP8: gl.constexpr,
     ):  # fmt: skip
         W: gl.constexpr = gl.num_warps()
         pid = gl.program_id(0)
@@ -210,11 +219,11 @@ if gluon is not None:
         acc = gl.zeros([TN, 8], gl.float32, MMA)
         for i in range(0, K // TK - 2):
             nxt = gl.load(rows + (i + 2) * (TK // 4), eviction_policy="evict_first")
-            acc = _step(acc, w, staged.index(i), TN, TK, MMA, FRAG, INPUTS)
+            acc = _step(acc, w, staged.index(i), TN, TK, MMA, FRAG, INPUTS, FP8)
             w = w2
             w2 = nxt
-        acc = _step(acc, w, staged.index(K // TK - 2), TN, TK, MMA, FRAG, INPUTS)
-        acc = _step(acc, w2, staged.index(K // TK - 1), TN, TK, MMA, FRAG, INPUTS)
+        acc = _step(acc, w, staged.index(K // TK - 2), TN, TK, MMA, FRAG, INPUTS, FP8)
+        acc = _step(acc, w2, staged.index(K // TK - 1), TN, TK, MMA, FRAG, INPUTS, FP8)
         n8 = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
         y = gl.sum(gl.where((n8 == 0)[None, :], acc, 0.0), 1)
 
@@ -249,12 +258,13 @@ def row_gemv_tc(
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, None]:
-    """row_gemv(x, weight, scale, prologue=NORM, ...) for int8 weights where `fits`: y =
+    """row_gemv(x, weight, scale, prologue=NORM, ...) for int8 or e4m3 weights where `fits`: y =
     weight @ (rms_norm(x) * norm_weight), then STORE (1, N) in out_dtype, or SWIGLU (weight
     gate rows then up rows) silu(gate) * up (1, F). Returns (y, None), as row_gemv."""
     n, k = weight.shape
     assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
-    assert weight.dtype == torch.int8 and scale.shape == (n,)
+    fp8 = weight.dtype == torch.float8_e4m3fn
+    assert (fp8 or weight.dtype == torch.int8) and scale.shape == (n,)
     if epilogue == SWIGLU:
         n //= 2
     programs = n // (BN // 2 if epilogue == SWIGLU else BN)
@@ -263,7 +273,7 @@ def row_gemv_tc(
     _row_gemv_tc[(programs,)](
         x, norm_weight, x if squares is None else squares, weight.view(torch.int32), scale, out,
         n, eps, K=k, N_SQ=0 if squares is None else squares.numel(), EPILOGUE=epilogue, TN=BN,
-        TK=BK, PDL=pdl, MMA=mma, FRAG=frag, LOADED=coalesced, INPUTS=inputs,
+        TK=BK, PDL=pdl, MMA=mma, FRAG=frag, LOADED=coalesced, INPUTS=inputs, FP8=fp8,
         num_warps=WARPS, launch_pdl=pdl,
     )  # fmt: skip
     return out, None

@@ -100,7 +100,7 @@ def check_w8a16() -> None:
 
 def check_fp8_rows() -> None:
     from engine.kernels.fp8_rows import rows_to_fp8
-    from engine.quant import FP8_MAX, to_fp8
+    from engine.quant import FP8_MAX
 
     torch.manual_seed(0)
     x = torch.randn(7, 3000).bfloat16()  # wider than one block: two passes of two blocks
@@ -233,6 +233,23 @@ def check_row_gemv() -> None:
             row_gemv(x, q[:n].contiguous(), scale[:n].contiguous(), epilogue=RESIDUAL,
                      residual=res, tile=tile)[0],
             res + x @ wq[:n].t(),
+        )  # fmt: skip
+        # FP8 weights, every finite e4m3 byte included, widened exactly: fp32's own rounding.
+        bits = torch.randint(0, 256, (2 * n, k), dtype=torch.uint8)
+        bits[(bits & 0x7F) == 0x7F] = 0  # e4m3's NaNs
+        bits.view(-1)[:254] = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F])
+        f8 = bits.view(torch.float8_e4m3fn)
+        wf = f8.float() * scale[:, None]
+        fp8_gate_up = normed @ wf.t()
+        cases["fp8 norm, silu * up"] = (
+            row_gemv(x, f8, scale, prologue=NORM, norm_weight=g, eps=1e-5, epilogue=SWIGLU,
+                     tile=tile)[0],
+            F.silu(fp8_gate_up[:, :n]) * fp8_gate_up[:, n:],
+        )  # fmt: skip
+        cases["fp8 residual"] = (
+            row_gemv(x, f8[:n].contiguous(), scale[:n].contiguous(), epilogue=RESIDUAL,
+                     residual=res, tile=tile)[0],
+            res + x @ wf[:n].t(),
         )  # fmt: skip
         for name, (got, want) in cases.items():
             rel = float((got - want).abs().max()) / float(want.abs().max())

@@ -197,6 +197,16 @@ def test_row_gemv_matches_reference() -> None:
             y, _ = row_gemv(x, q[:n].contiguous(), scale[:n].contiguous(), out_dtype=torch.float32,
                             pdl=pdl)  # fmt: skip
             assert rel(y, x.float() @ wq[:n].t()) < 1e-3
+            # FP8 weights (widened by the hardware's conversion), a scale per row.
+            f8 = (torch.randn(2 * n, k, device=CUDA) * 64).to(torch.float8_e4m3fn)
+            wf = f8.float() * scale.float()[:, None]
+            y, _ = row_gemv(x, f8, scale, prologue=NORM, norm_weight=g, eps=1e-5,
+                            out_dtype=torch.float32, pdl=pdl)  # fmt: skip
+            assert rel(y, normed.float() @ wf.t()) < 1e-5
+            stream, _ = row_gemv(x, f8[:n].contiguous(), scale[:n].contiguous(),
+                                 epilogue=RESIDUAL, residual=res, pdl=pdl)  # fmt: skip
+            want = (x.float() @ wf[:n].t()).to(torch.bfloat16).float() + res.float()
+            assert rel(stream, want) < 1e-2
 
 
 def test_tensor_core_int8_products_match_reference() -> None:
@@ -229,6 +239,14 @@ def test_tensor_core_int8_products_match_reference() -> None:
                 assert rel(h, h_row) < 1e-2
                 y, _ = tc.row_gemv_tc(x, q, scale, out_dtype=torch.float32, **kw)
                 assert y.dtype == torch.float32 and rel(y, normed @ wq.t()) < 1e-4
+                # FP8 weights: every e4m3 value is an fp16 one, so as exact as int8's.
+                f8 = (torch.randn(2 * n, k, device=CUDA) * 64).to(torch.float8_e4m3fn)
+                wf = f8.float() * scale.float()[:, None]
+                y, _ = tc.row_gemv_tc(x, f8, scale, out_dtype=torch.float32, **kw)
+                assert rel(y, normed @ wf.t()) < 1e-4
+                h, _ = tc.row_gemv_tc(x, f8, scale, epilogue=SWIGLU, **kw)
+                h_row, _ = row_gemv(x, f8, scale, prologue=NORM, epilogue=SWIGLU, **kw)
+                assert rel(h, h_row) < 1e-2
 
 
 def test_greedy_picks_in_the_graph_equal_the_sampler(default_model: Path) -> None:
@@ -343,14 +361,14 @@ def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> 
     assert counts == [5, 60], counts
 
 
-@pytest.mark.parametrize("quantize", ["auto", "int8"])
+@pytest.mark.parametrize("quantize", ["auto", "int8", "fp8"])
 def test_row_kernels_on_8b_shapes_equal_eager(
     tandem_home: Path, tmp_path: Path, quantize: str
 ) -> None:
     # The 8B shapes with 4 of the 32 layers: bf16 rounding grows with depth through random
-    # weights, and the shapes, not the depth, are what the kernels must get right. Int8: the
-    # graph's gate/up and head run on the tensor cores (row_gemv_tc.py), the eager model's
-    # int8 modules on engine/kernels/w8a16.py.
+    # weights, and the shapes, not the depth, are what the kernels must get right. Int8 and
+    # fp8: the graph's gate/up (and int8's head) run on the tensor cores (row_gemv_tc.py), the
+    # eager model's modules on engine/kernels/w8a16.py.
     folder = tmp_path / "llama3-8b-4-layers"
     shutil.copytree(registry.resolve("llama3-8b-random", tandem_home), folder)
     config = json.loads((folder / "config.json").read_text())
@@ -360,7 +378,8 @@ def test_row_kernels_on_8b_shapes_equal_eager(
     )
     row = graphed.graphs.row if graphed.graphs is not None else None
     assert row is not None
-    assert all(row.gate_up_tc) == row.head_tc == (quantize == "int8")
+    assert all(row.gate_up_tc) == (quantize != "auto")
+    assert row.head_tc == (quantize == "int8")  # fp8 keeps the head in bf16
     eager = Engine(graphed.loaded, graphed.num_kv_blocks, graphed.block_size, 1, False)
     # The same tokens into both (random weights leave near-ties that bf16 rounding may flip).
     ids, table = prompt(100, graphed.config.vocab_size), list(range(16))
