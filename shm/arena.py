@@ -103,8 +103,7 @@ class Arena:
         return np.ndarray(handle.shape, handle.dtype, self.segment.mm, handle.offset)
 
     def _own(self, handle: Handle) -> int:
-        """The start block of a live region of this arena that `handle` names, by this process's
-        own books."""
+        """The start block of the live region `handle` names, by this process's own books."""
         if handle.segment != self.name:
             raise ShmError(f"{handle}: not a region of arena {self.name}")
         if self.segment.closed:

@@ -45,7 +45,7 @@ class RingConsumer(Ring):
         slice_s: float,
     ) -> None:
         super().__init__(segment, sems, spin_s, slice_s)
-        self._lock_fd = lock_fd
+        self.lock_fd = lock_fd
         self._tail = self.ctl[TAIL]  # resume where a previous consumer stopped
         self._seq = self.ctl[READ_SEQ]
         self._executor: ThreadPoolExecutor | None = None
@@ -167,11 +167,4 @@ class RingConsumer(Ring):
             self.sems[0].release()  # wake a helper blocked in sem_wait before unmapping it
             self._executor.shutdown(wait=True)
         self.ctl[CONSUMER_PID] = 0
-        os.close(self._lock_fd)
-        self.release()
-
-    def __enter__(self) -> RingConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()

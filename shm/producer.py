@@ -54,7 +54,7 @@ class RingProducer(Ring):
         slice_s: float,
     ) -> None:
         super().__init__(segment, sems, spin_s, slice_s)
-        self._consumer_lock = consumer_lock
+        self.lock_fd = consumer_lock
         self._finalizer = finalizer
         self._head = 0  # == ctl[HEAD]; only this process moves it
         self._seq = 0
@@ -85,7 +85,7 @@ class RingProducer(Ring):
 
     def _consumer_alive(self) -> bool:
         # Before any consumer attached, a full ring is waiting for one, not for a dead one.
-        return not self.ctl[CONSUMER_PID] or lock_held(self._consumer_lock)
+        return not self.ctl[CONSUMER_PID] or lock_held(self.lock_fd)
 
     def _placement(self, size: int) -> tuple[int, int] | None:
         """(position, filler bytes) for a record of `size` bytes, or None while it does not fit."""
@@ -154,11 +154,4 @@ class RingProducer(Ring):
         if self.closed:
             return
         self._finalizer()
-        os.close(self._consumer_lock)
-        self.release()
-
-    def __enter__(self) -> RingProducer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()

@@ -21,7 +21,7 @@ freed-and-reused (a later odd value) region is refused, in every process, withou
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
@@ -59,21 +59,12 @@ class Layout:
         return cls(block, n, gens_off, orders_off, data_off)
 
     def write(self, segment: Segment) -> None:
-        ARENA_HEADER.pack_into(
-            segment.mm,
-            HEADER_SIZE,
-            self.block,
-            self.n_blocks,
-            self.gens_off,
-            self.orders_off,
-            self.data_off,
-        )
+        ARENA_HEADER.pack_into(segment.mm, HEADER_SIZE, *astuple(self))
 
     @classmethod
     def read(cls, segment: Segment) -> Layout:
         """The layout a peer's header claims, refused unless it fits the mapping exactly."""
-        block, n, gens_off, orders_off, data_off = ARENA_HEADER.unpack_from(segment.mm, HEADER_SIZE)
-        layout = cls(int(block), int(n), int(gens_off), int(orders_off), int(data_off))
+        layout = cls(*map(int, ARENA_HEADER.unpack_from(segment.mm, HEADER_SIZE)))
         sane_block = 64 <= layout.block <= 1 << 40 and layout.block & (layout.block - 1) == 0
         if (
             not sane_block

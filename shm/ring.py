@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Self
 
 import posix_ipc
 
@@ -96,6 +97,8 @@ def record_size(n: int) -> int:
 class Ring:
     """What both ends share: the mapped segment, the control words and the two semaphores."""
 
+    lock_fd: int  # the ".space" semaphore's file, whose flock the consumer holds; set by each end
+
     def __init__(
         self, segment: Segment, sems: list[posix_ipc.Semaphore], spin_s: float, slice_s: float
     ) -> None:
@@ -119,11 +122,18 @@ class Ring:
         if self.closed:
             raise ShmError(f"ring {self.name} is closed")
 
-    def release(self) -> None:
-        """Close the semaphores and views, then the segment (the owner's close also unlinks)."""
+    def close(self) -> None:
+        """Close the semaphores, lock file and views, then the segment (an owner's also unlinks)."""
         self.closed = True
         for sem in self.sems:
             sem.close()
+        os.close(self.lock_fd)
         self.ctl.release()
         self.buf.release()
         self.segment.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

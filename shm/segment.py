@@ -50,11 +50,6 @@ class SegmentKind(enum.IntEnum):
     RING = 2
 
 
-def new_name() -> str:
-    # 64 random bits: another local user cannot guess a name to pre-create or attach to it.
-    return f"/tandem-{os.getpid()}-{secrets.token_hex(8)}"
-
-
 def check_name(name: object) -> str:
     """Only our own naming scheme reaches shm_open: no paths, no other programs' segments."""
     if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
@@ -104,7 +99,8 @@ class Segment:
         if size < HEADER_SIZE:
             raise ShmError(f"segment size {size} is smaller than its {HEADER_SIZE}-byte header")
         size = -(-size // PAGE) * PAGE
-        name = new_name()
+        # 64 random bits: another local user cannot guess a name to pre-create or attach to it.
+        name = f"/tandem-{os.getpid()}-{secrets.token_hex(8)}"
         shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         try:
             os.fchmod(shm.fd, 0o600)  # whatever the umask was, the mode is exactly 0600
@@ -140,7 +136,7 @@ class Segment:
                 raise ShmError(f"segment {name} is {size} bytes, too small for a header")
             mm = mmap.mmap(shm.fd, size)
             try:
-                read_header(name, mm, kind)
+                check_header(name, mm, kind)
             except ShmError:
                 mm.close()
                 raise
@@ -159,7 +155,7 @@ class Segment:
     def check(self) -> None:
         """Re-validate the header: a segment scribbled over after attach is refused, not read."""
         if self.mm[:16] != self._head:  # magic, version, kind: one compare on the hot path
-            read_header(self.name, self.mm, self.kind)
+            check_header(self.name, self.mm, self.kind)
 
     def address(self) -> int:
         """Virtual address of the first byte of this process's mapping (for cudaHostRegister)."""
@@ -198,11 +194,11 @@ class Segment:
         return f"Segment({self.name}, {self.kind.name.lower()}, {self.size} bytes, {role})"
 
 
-def read_header(name: str, mm: mmap.mmap, kind: SegmentKind) -> tuple[int, int, int]:
-    """Validate a mapped header; returns (owner_pid, size, created_ns)."""
+def check_header(name: str, mm: mmap.mmap, kind: SegmentKind) -> None:
+    """Validate a mapped header."""
     if len(mm) < HEADER_SIZE:
         raise ShmError(f"segment {name} is {len(mm)} bytes, too small for a header")
-    magic, version, got_kind, pid, size, created = HEADER.unpack_from(mm, 0)
+    magic, version, got_kind, _, size, _ = HEADER.unpack_from(mm, 0)
     if magic != MAGIC:
         raise ShmError(f"segment {name}: bad magic {magic!r}, not a tandem segment")
     if version != LAYOUT_VERSION:
@@ -213,4 +209,3 @@ def read_header(name: str, mm: mmap.mmap, kind: SegmentKind) -> tuple[int, int, 
         raise ShmError(f"segment {name}: holds kind {got_kind}, expected {kind.name.lower()}")
     if size != len(mm):
         raise ShmError(f"segment {name}: header says {size} bytes, mapping has {len(mm)}")
-    return int(pid), int(size), int(created)

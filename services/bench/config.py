@@ -80,16 +80,14 @@ class BenchConfig:
         _positive("--output-len", self.output_len)
         if not 0.0 <= self.random_range < 1.0:
             raise BenchConfigError("--random-range must be in [0, 1)")
-        if self.concurrency is not None:
-            _positive("--concurrency", self.concurrency)
+        _positive("--concurrency", self.concurrency)
         if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
             raise BenchConfigError("--rate must be a positive number of requests per second")
         if self.duration is not None and self.num_requests is not None:
             raise BenchConfigError("give --duration or --num-requests, not both")
         if self.duration is not None and not self.duration > 0:
             raise BenchConfigError("--duration must be positive")
-        if self.num_requests is not None:
-            _positive("--num-requests", self.num_requests)
+        _positive("--num-requests", self.num_requests)
         if self.warmup < 0:
             raise BenchConfigError("--warmup must be >= 0")
         if self.timeout is not None and not self.timeout > 0:
@@ -123,8 +121,8 @@ def backend_named(name: str) -> BackendName:
     raise BenchConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {name!r}")
 
 
-def _positive(flag: str, value: int) -> None:
-    if value < 1:
+def _positive(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
         raise BenchConfigError(f"{flag} must be >= 1")
 
 

@@ -34,9 +34,8 @@ class Distribution:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Distribution:
-        mean = sum(values) / len(values) if values else math.nan
         p50, p90, p99 = (percentile(values, q) for q in PERCENTILES)
-        return cls(len(values), mean, p50, p90, p99)
+        return cls(len(values), _mean(values), p50, p90, p99)
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,7 @@ class Summary:
 
 
 def groups(records: Sequence[RequestRecord]) -> list[tuple[str, list[RequestRecord]]]:
-    """The measured requests: all of them, then each priority class when there are two or
-    more classes."""
+    """The measured requests: all of them, then each priority class if there are two or more."""
     measured = [r for r in records if not r.warmup]
     out = [("all", measured)]
     classes = sorted({r.priority for r in measured})
@@ -102,7 +100,7 @@ def _summary(group: str, records: Sequence[RequestRecord], window: tuple[float, 
         cached_prompt_tokens_mean=_mean(
             [r.cached_prompt_tokens for r in ok if r.cached_prompt_tokens is not None]
         ),
-        output_tokens_mean=output / len(ok) if ok else math.nan,
+        output_tokens_mean=_mean([r.output_tokens for r in ok]),
         ttft_s=Distribution.of([t for r in ok if (t := r.ttft) is not None]),
         itl_s=Distribution.of([gap for r in ok for gap in r.itls()]),
         tpot_s=Distribution.of([t for r in ok if (t := r.tpot()) is not None]),
@@ -111,7 +109,7 @@ def _summary(group: str, records: Sequence[RequestRecord], window: tuple[float, 
     )
 
 
-def _mean(values: Sequence[int]) -> float:
+def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 

@@ -11,26 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from services.bench.config import BenchConfig
-from services.bench.metrics import Distribution, Summary, summarize
+from services.bench.metrics import PERCENTILES, Summary, summarize
 from services.bench.runner import TargetRun
 
 MS = 1e3
 
 
-def _dist_rows(
-    name: str,
-    pick: Callable[[Summary], Distribution],
-    scale: float,
-    unit: str,
-    digits: int = 1,
-) -> list[tuple[str, Callable[[Summary], str]]]:
+Row = tuple[str, Callable[[Summary], str]]
+
+
+def _dist_rows(name: str, field: str, unit: str, scale: float, digits: int = 1) -> list[Row]:
     def cell(q: int) -> Callable[[Summary], str]:
-        return lambda s: _num(getattr(pick(s), f"p{q}") * scale, digits)
+        return lambda s: _num(getattr(getattr(s, field), f"p{q}") * scale, digits)
 
-    return [(f"{name} p{q} ({unit})", cell(q)) for q in (50, 90, 99)]
+    return [(f"{name} p{q} ({unit})", cell(q)) for q in PERCENTILES]
 
 
-ROWS: list[tuple[str, Callable[[Summary], str]]] = [
+ROWS: list[Row] = [
     ("requests ok / failed", lambda s: f"{s.ok} / {s.failed}"),
     ("duration (s)", lambda s: _num(s.duration_s, 2)),
     ("request throughput (req/s)", lambda s: _num(s.request_throughput, 2)),
@@ -39,10 +36,10 @@ ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("prompt tokens (mean)", lambda s: _num(s.prompt_tokens_mean, 1)),
     ("  of them cached (mean)", lambda s: _num(s.cached_prompt_tokens_mean, 1)),
     ("output tokens (mean)", lambda s: _num(s.output_tokens_mean, 1)),
-    *_dist_rows("TTFT", lambda s: s.ttft_s, MS, "ms"),
-    *_dist_rows("ITL", lambda s: s.itl_s, MS, "ms"),
+    *_dist_rows("TTFT", "ttft_s", "ms", MS),
+    *_dist_rows("ITL", "itl_s", "ms", MS),
     ("TPOT mean (ms)", lambda s: _num(s.tpot_s.mean * MS, 1)),
-    *_dist_rows("E2E", lambda s: s.e2e_s, 1.0, "s", digits=3),
+    *_dist_rows("E2E", "e2e_s", "s", 1.0, digits=3),
 ]
 
 
@@ -53,27 +50,18 @@ def _num(value: float, digits: int) -> str:
 def table(runs: Sequence[TargetRun]) -> str:
     """One column per target and group, one row per figure; failures listed below it."""
     columns = [(run.target.label, s) for run in runs for s in summarize(run.records, run.window)]
-    label_width = max(len(name) for name, _ in ROWS)
-    cells = [[fmt(s) for _, fmt in ROWS] for _, s in columns]
-    widths = [
-        max(len(target), len(s.group), *(len(c) for c in col))
-        for (target, s), col in zip(columns, cells, strict=True)
-    ]
-    shown = [t if i == 0 or columns[i - 1][0] != t else "" for i, (t, _) in enumerate(columns)]
+    labels = [t for t, _ in columns]
+    shown = [t if i == 0 or labels[i - 1] != t else "" for i, t in enumerate(labels)]
+    rows = [["", *shown], ["", *(s.group for _, s in columns)]]
+    rows += [[name, *(fmt(s) for _, s in columns)] for name, fmt in ROWS]
+    # Every column is as wide as its target's label, shown or not.
+    widths = [max(map(len, column)) for column in zip(["", *labels], *rows, strict=True)]
     lines = [
-        _line("", shown, label_width, widths),
-        _line("", [s.group for _, s in columns], label_width, widths),
+        "  ".join([row[0].ljust(widths[0]), *map(str.rjust, row[1:], widths[1:])]).rstrip()
+        for row in rows
     ]
-    lines.append("-" * max(len(line) for line in lines))
-    for i, (name, _) in enumerate(ROWS):
-        lines.append(_line(name, [col[i] for col in cells], label_width, widths))
-    lines += failure_lines(runs)
-    return "\n".join(lines)
-
-
-def _line(label: str, values: Sequence[str], label_width: int, widths: Sequence[int]) -> str:
-    cells = (v.rjust(w) for v, w in zip(values, widths, strict=True))
-    return "  ".join([label.ljust(label_width), *cells]).rstrip()
+    lines.insert(2, "-" * max(len(line) for line in lines[:2]))
+    return "\n".join(lines + failure_lines(runs))
 
 
 def failure_lines(runs: Sequence[TargetRun]) -> list[str]:

@@ -38,17 +38,13 @@ def requests(config: BenchConfig) -> Iterator[RequestSpec]:
             text, words = prompt_rng.choice(CHAT_PROMPTS), 0
         else:
             words = draw_length(length_rng, config.prompt_len, config.random_range)
-            text = sized_text(prompt_rng, words)
+            # Random words rather than one repeated passage: no two prompts share a long prefix,
+            # so a prefix cache cannot turn the benchmark's prefills into cache hits.
+            text = " ".join(prompt_rng.choice(WORDS) for _ in range(words))
         priority = priorities[0]
         if len(priorities) > 1:
             priority = priority_rng.choices(priorities, weights)[0]
         yield RequestSpec(index, text, config.chat_prompts, max_tokens, priority, words)
-
-
-def sized_text(rng: random.Random, words: int) -> str:
-    # Random words rather than one repeated passage: no two prompts share a long prefix, so a
-    # prefix cache cannot turn the benchmark's prefills into cache hits.
-    return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 def draw_length(rng: random.Random, n: int, ratio: float) -> int:

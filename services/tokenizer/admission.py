@@ -20,13 +20,12 @@ from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
-from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec
+from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
 from services.tokenizer.scheduler_link import SchedulerLink
 from services.tokenizer.stream import TextStream
 from services.tokenizer.telemetry import GenerateCall, TokenizerTelemetry
 from shm.arena import Arena
 from shm.errors import ArenaFull
-from shm.handle import Handle
 from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.internal.v1 import scheduler_pb2 as spb
 from tandem.v1 import generation_pb2 as pb
@@ -40,30 +39,26 @@ _INLINE_TOKENIZE_CHARS = 4096
 _DEADLINE_SLACK_S = 0.1
 
 
+@dataclasses.dataclass(eq=False)
 class Admission:
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        model_name: str,
-        link: SchedulerLink,
-        arena: Arena | None,
-        telemetry: TokenizerTelemetry,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.link = link
-        self.arena = arena
-        self.telemetry = telemetry
-        self._background: set[asyncio.Task[None]] = set()
+    tokenizer: Tokenizer
+    model_name: str
+    link: SchedulerLink
+    arena: Arena | None
+    telemetry: TokenizerTelemetry
+    _background: set[asyncio.Task[None]] = dataclasses.field(default_factory=set, init=False)
 
     @property
     def max_seq_len(self) -> int:
         model = self.link.model
         return model.max_seq_len if model is not None else 0
 
-    def check_ready(self) -> None:
+    def parse(self, request: pb.GenerateRequest) -> GenerateSpec:
+        """`request` checked; only once attached, as the scheduler's model sets the context."""
         if not self.link.attached.is_set():
             raise Unavailable(f"not attached to a scheduler: waiting for it at {self.link.address}")
+        vocab_size = self.tokenizer.vocab_size
+        return parse_generate(request, self.model_name, vocab_size, self.max_seq_len)
 
     async def generate(
         self, spec: GenerateSpec, call: GenerateCall, deadline: float | None
@@ -86,7 +81,8 @@ class Admission:
             raise ResourceExhausted(f"{self.link.waiting} requests are already waiting")
         with call.phase("tokenize"):
             prompt_ids = await self._tokenize(spec)
-        ids = sequence_ids(spec.request_id, spec.n)
+        rid = spec.request_id
+        ids = [rid] if spec.n == 1 else [f"{rid}/{i}" for i in range(spec.n)]  # the scheduler's
         # Events and prompts are filed under these ids: a second request would take the first's.
         # Checked after tokenizing (which may await), with nothing awaited before they are open.
         if any(self.link.in_flight(i) for i in ids):
@@ -99,28 +95,36 @@ class Admission:
         if sampling.min_tokens:
             sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop_ids)))
         queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()
-        streams = [
-            TextStream(
-                self.tokenizer,
-                spec.request_id,
-                spec.stop_strings,
-                stop_ids,
-                sampling.logprobs,
-                sampling.min_tokens,
-            )
-            for _ in ids
-        ]
+        streams = [TextStream(self.tokenizer, spec, stop_ids) for _ in ids]
         submitted: list[str] = []
         done: set[int] = set()
+        template = spb.SubmitRequest(
+            tokenizer_id=self.link.tokenizer_id,
+            prompt_len=len(prompt_ids),
+            max_tokens=max_tokens,
+            stop_token_ids=sorted(stop_ids),
+            priority=spec.priority,
+            session_id=spec.session_id or "",
+            traceparent=call.traceparent,
+        )
+        if self.arena is None:
+            template.prompt_ids.ids.extend(prompt_ids)
 
         async def submit(i: int) -> None:
-            handle = self._store(prompt_ids)
+            remaining = 0.0 if deadline is None else max(deadline - time.monotonic(), 1e-3)
+            request = spb.SubmitRequest(
+                request_id=ids[i], sampling=sampling_to_pb(_nth(sampling, i)), timeout_s=remaining
+            )
+            request.MergeFrom(template)
+            handle = None
+            if self.arena is not None:
+                try:
+                    handle = self.arena.put(np.asarray(prompt_ids, dtype=np.int32))
+                except ArenaFull as err:
+                    raise ResourceExhausted(f"the prompt arena is full: {err}") from err
+                request.prompt_handle = handle.to_bytes()
             self.link.open(ids[i], handle, queue)
-            work = self._submit(
-                spec, ids[i], _nth(sampling, i), prompt_ids, handle, max_tokens, stop_ids,
-                deadline, call,
-            )  # fmt: skip
-            sent = asyncio.ensure_future(work)
+            sent = asyncio.ensure_future(self._submit(request, call))
             try:
                 # Shielded: a caller gone while the Submit is on its way does not stop it (the
                 # scheduler may have the request already, and the worker its prompt).
@@ -144,11 +148,10 @@ class Admission:
             # its full blocks in the prefix cache: they compute only the last, partial one. A
             # prompt shorter than a block shares nothing, so they go at once.
             block = self.link.model.block_size if self.link.model is not None else 0
-            later = range(1, len(ids))
+            later = list(range(1, len(ids)))
             if not block or (len(prompt_ids) - 1) // block == 0:
-                for i in later:
-                    await submit(i)
-                later = range(0)
+                while later:
+                    await submit(later.pop(0))
             yield pb.GenerateResponse(
                 request_id=spec.request_id, trace_id=call.trace_id, prompt_token_ids=prompt_ids
             )
@@ -167,17 +170,11 @@ class Admission:
                     self.link.close(ids[i])
                     if streams[i].hit_stop_string:  # the scheduler is still generating it
                         self._in_background(self._cancel(ids[i]), call)
-                if later:
-                    for j in later:
-                        await submit(j)
-                    later = range(0)
+                while later:
+                    await submit(later.pop(0))
                 if len(done) == len(ids):
-                    first = streams[0]
-                    call.finish(
-                        reply.finish_reason,
-                        sum(stream.num_tokens for stream in streams),
-                        first.cached_prompt_tokens,
-                    )
+                    tokens = sum(stream.num_tokens for stream in streams)
+                    call.finish(reply.finish_reason, tokens, streams[0].cached_prompt_tokens)
                 yield reply
         finally:
             expired = deadline is not None and deadline - time.monotonic() < _DEADLINE_SLACK_S
@@ -257,46 +254,10 @@ class Admission:
             )
         return spec.max_tokens
 
-    def _store(self, prompt_ids: list[int]) -> Handle | None:
-        if self.arena is None:
-            return None
-        try:
-            return self.arena.put(np.asarray(prompt_ids, dtype=np.int32))
-        except ArenaFull as err:
-            raise ResourceExhausted(f"the prompt arena is full: {err}") from err
-
-    async def _submit(
-        self,
-        spec: GenerateSpec,
-        request_id: str,
-        sampling: SamplingParams,
-        prompt_ids: list[int],
-        handle: Handle | None,
-        max_tokens: int,
-        stop_ids: frozenset[int],
-        deadline: float | None,
-        call: GenerateCall,
-    ) -> None:
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        submit = spb.SubmitRequest(
-            request_id=request_id,
-            tokenizer_id=self.link.tokenizer_id,
-            prompt_len=len(prompt_ids),
-            sampling=sampling_to_pb(sampling),
-            max_tokens=max_tokens,
-            stop_token_ids=sorted(stop_ids),
-            priority=spec.priority,
-            session_id=spec.session_id or "",
-            timeout_s=remaining if remaining is not None else 0.0,
-            traceparent=call.traceparent,
-        )
-        if handle is not None:
-            submit.prompt_handle = handle.to_bytes()
-        else:
-            submit.prompt_ids.ids.extend(prompt_ids)
+    async def _submit(self, request: spb.SubmitRequest, call: GenerateCall) -> None:
         try:
             with call.active():  # the client interceptor puts the trace in the call's metadata
-                await self.link.stub.Submit(submit)
+                await self.link.stub.Submit(request)
         except aio.AioRpcError as err:
             raise ServiceError(err.details() or err.code().name, code=err.code()) from None
 
@@ -314,11 +275,6 @@ async def off_the_loop_if_long(size: int, work: Callable[[], _T]) -> _T:
     """`work`, on a thread when `size` (characters, or ids) is large: a long text would hold the
     event loop, and every stream and call of this process, meanwhile."""
     return await asyncio.to_thread(work) if size > _INLINE_TOKENIZE_CHARS else work()
-
-
-def sequence_ids(request_id: str, n: int) -> list[str]:
-    """The scheduler's request id of each of a call's n sequences."""
-    return [request_id] if n == 1 else [f"{request_id}/{i}" for i in range(n)]
 
 
 def _nth(sampling: SamplingParams, i: int) -> SamplingParams:

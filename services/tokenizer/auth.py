@@ -56,15 +56,13 @@ class AuthInterceptor(aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method: str = details.method
-        if method.startswith(OPEN_METHODS):
-            return await continuation(details)
         metadata: Any = details.invocation_metadata or ()
         value = next((v for k, v in metadata if k == "authorization"), None)
         if isinstance(value, bytes):
             value = value.decode(errors="replace")
-        if self.keys.allows(value):
-            return await continuation(details)
         handler = await continuation(details)
+        if method.startswith(OPEN_METHODS) or self.keys.allows(value):
+            return handler
         return _refusing(handler)
 
 

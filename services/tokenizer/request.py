@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
@@ -37,11 +38,20 @@ class GenerateSpec:
     n: int = 1  # sequences from the prompt, each its own scheduler request
 
 
+def check_model(name: str, model_name: str) -> None:
+    if name and name != model_name:
+        raise InvalidRequest("model", f"unknown model {name!r}; this server serves {model_name!r}")
+
+
+def _check_ids(field: str, ids: Iterable[int], vocab_size: int) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequest(field, f"ids {bad[:5]} are outside [0, {vocab_size})")
+
+
 def _sampling(req: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
     s = req.sampling
-    bad = [t for t in s.logit_bias if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidRequest("sampling.logit_bias", f"ids {bad[:5]} are outside [0, {vocab_size})")
+    _check_ids("sampling.logit_bias", s.logit_bias, vocab_size)
 
     def get(name: str, default: float) -> float:
         value = getattr(s, name) if s.HasField(name) else default
@@ -73,10 +83,7 @@ def parse_generate(
     req: pb.GenerateRequest, model_name: str, vocab_size: int, max_seq_len: int
 ) -> GenerateSpec:
     """Check every field that can be checked without tokenizing; raise InvalidRequest naming it."""
-    if req.model and req.model != model_name:
-        raise InvalidRequest(
-            "model", f"unknown model {req.model!r}; this server serves {model_name!r}"
-        )
+    check_model(req.model, model_name)
     kind = req.WhichOneof("prompt")
     text = messages = prompt_ids = None
     max_chars = max_seq_len * MAX_CHARS_PER_TOKEN
@@ -96,9 +103,7 @@ def parse_generate(
         prompt_ids = list(req.token_ids.ids)
         if not prompt_ids:
             raise InvalidRequest("prompt.token_ids", "is empty")
-        bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequest("prompt.token_ids", f"ids {bad[:5]} are outside [0, {vocab_size})")
+        _check_ids("prompt.token_ids", prompt_ids, vocab_size)
         if len(prompt_ids) >= max_seq_len:
             raise InvalidRequest(
                 "prompt.token_ids",
@@ -125,9 +130,7 @@ def parse_generate(
         raise InvalidRequest(
             "stop", f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_LENGTH} characters"
         )
-    bad_stops = [t for t in req.stop_token_ids if not 0 <= t < vocab_size]
-    if bad_stops:
-        raise InvalidRequest("stop_token_ids", f"ids {bad_stops[:5]} are outside [0, {vocab_size})")
+    _check_ids("stop_token_ids", req.stop_token_ids, vocab_size)
     if len(req.request_id) > 128 or len(req.session_id) > 128:
         raise InvalidRequest("request_id", "request_id and session_id are at most 128 characters")
     return GenerateSpec(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,34 +29,23 @@ from tandem.internal.v1 import scheduler_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def scheduler_gone(why: str) -> str:
-    """What every request in flight ends with when the link to the scheduler is lost."""
-    return f"UNAVAILABLE: lost the scheduler ({why}); the request was lost"
-
-
 # Attach waits for the scheduler to be up; this only spaces out attempts that failed outright.
 _REATTACH_BACKOFF_S = 1.0
 
 
+@dataclass(eq=False)
 class SchedulerLink:
-    def __init__(
-        self,
-        stub: scheduler_pb2_grpc.SchedulerStub,
-        address: str,
-        tokenizer_id: str,
-        arena: Arena | None,
-    ) -> None:
-        self.stub = stub
-        self.address = address
-        self.tokenizer_id = tokenizer_id
-        self.arena = arena
-        self.queues: dict[str, asyncio.Queue[hp.RequestEvents]] = {}
-        self.prompts: dict[str, Handle] = {}
-        self.model: hp.ModelDescription | None = None
-        self.max_queued_requests = 0
-        self.waiting = 0  # the scheduler's queue depth, as of its last batch
-        self.attached = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+    stub: scheduler_pb2_grpc.SchedulerStub
+    address: str
+    tokenizer_id: str
+    arena: Arena | None
+    queues: dict[str, asyncio.Queue[hp.RequestEvents]] = field(default_factory=dict, init=False)
+    prompts: dict[str, Handle] = field(default_factory=dict, init=False)
+    model: hp.ModelDescription | None = field(default=None, init=False)
+    max_queued_requests: int = field(default=0, init=False)
+    waiting: int = field(default=0, init=False)  # the scheduler's queue depth, at its last batch
+    attached: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     async def start(self) -> None:
         await self._attach()
@@ -67,19 +57,12 @@ class SchedulerLink:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def open(
-        self,
-        request_id: str,
-        prompt: Handle | None,
-        queue: asyncio.Queue[hp.RequestEvents] | None = None,
-    ) -> asyncio.Queue[hp.RequestEvents]:
-        """The queue the request's events arrive on: `queue`, shared by several requests (the
-        sequences of one call), or a new one."""
-        if queue is None:
-            queue = asyncio.Queue()
+        self, request_id: str, prompt: Handle | None, queue: asyncio.Queue[hp.RequestEvents]
+    ) -> None:
+        """The request's events go to `queue` (shared by the sequences of one call)."""
         self.queues[request_id] = queue
         if prompt is not None:
             self.prompts[request_id] = prompt
-        return queue
 
     def in_flight(self, request_id: str) -> bool:
         """Listened to, or its prompt still held until the scheduler reports its end."""
@@ -117,7 +100,13 @@ class SchedulerLink:
                 why = str(err) or why
             log.error("lost the scheduler (%s); failing in-flight requests", why)
             self.attached.clear()
-            self._fail_all(scheduler_gone(why))
+            error = f"UNAVAILABLE: lost the scheduler ({why}); the request was lost"
+            for request_id, queue in list(self.queues.items()):
+                queue.put_nowait(
+                    hp.RequestEvents(request_id=request_id, finish_reason="error", error=error)
+                )
+            for request_id in list(self.prompts):
+                self._free_prompt(request_id)
             await self._reattach()
 
     async def _reattach(self) -> None:
@@ -172,14 +161,6 @@ class SchedulerLink:
                 queue.put_nowait(events)
             if events.finish_reason:
                 self._free_prompt(events.request_id)
-
-    def _fail_all(self, error: str) -> None:
-        for request_id, queue in list(self.queues.items()):
-            queue.put_nowait(
-                hp.RequestEvents(request_id=request_id, finish_reason="error", error=error)
-            )
-        for request_id in list(self.prompts):
-            self._free_prompt(request_id)
 
     def _free_prompt(self, request_id: str) -> None:
         handle = self.prompts.pop(request_id, None)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 
 from grpc import aio
 
-from engine.errors import InvalidRequest
 from services.errors import Unavailable
 from services.tokenizer.admission import Admission, off_the_loop_if_long
-from services.tokenizer.request import parse_generate
+from services.tokenizer.request import check_model
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 
@@ -30,10 +30,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         try:
-            a.check_ready()
-            spec = parse_generate(
-                request, self.model_name, self.tokenizer.vocab_size, a.max_seq_len
-            )
+            spec = a.parse(request)
             # Closed explicitly, so a client that goes away cancels the work at once.
             async with contextlib.aclosing(a.generate(spec, call, deadline)) as replies:
                 async for reply in replies:
@@ -47,7 +44,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: aio.ServicerContext
     ) -> pb.TokenizeResponse:
-        self._check_model(request.model)
+        check_model(request.model, self.model_name)
         messages = None
         if request.WhichOneof("input") == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
@@ -58,12 +55,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: aio.ServicerContext
     ) -> pb.DetokenizeResponse:
-        self._check_model(request.model)
+        check_model(request.model, self.model_name)
         ids = list(request.token_ids)
-
-        def decode() -> str:
-            return self.tokenizer.decode(ids, skip_special=request.skip_special_tokens)
-
+        decode = partial(self.tokenizer.decode, ids, skip_special=request.skip_special_tokens)
         return pb.DetokenizeResponse(text=await off_the_loop_if_long(len(ids), decode))
 
     async def ListModels(
@@ -84,9 +78,3 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 )
             ]
         )
-
-    def _check_model(self, name: str) -> None:
-        if name and name != self.model_name:
-            raise InvalidRequest(
-                "model", f"unknown model {name!r}; this server serves {self.model_name!r}"
-            )

@@ -7,6 +7,7 @@ import grpc
 from engine.stop_strings import StopStringMatcher
 from engine.tokenizer import Detokenizer, Tokenizer
 from services.errors import ServiceError
+from services.tokenizer.request import GenerateSpec
 from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.v1 import generation_pb2 as pb
 
@@ -17,21 +18,13 @@ _STATUS_OF_REASON = {
 
 
 class TextStream:
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        request_id: str,
-        stop_strings: tuple[str, ...],
-        stop_token_ids: frozenset[int],
-        logprobs: int,
-        min_tokens: int = 0,
-    ) -> None:
-        self.request_id = request_id
+    def __init__(self, tokenizer: Tokenizer, spec: GenerateSpec, stop_ids: frozenset[int]) -> None:
+        self.request_id = spec.request_id
         self.detok = Detokenizer(tokenizer, skip_special=True)
-        self.stops = StopStringMatcher(stop_strings)
-        self.stop_token_ids = stop_token_ids
-        self.logprobs = logprobs
-        self.min_tokens = min_tokens  # stop strings are matched in the text after these tokens
+        self.stops = StopStringMatcher(spec.stop_strings)
+        self.stop_token_ids = stop_ids
+        self.logprobs = spec.sampling.logprobs
+        self.min_tokens = spec.sampling.min_tokens  # stop strings are matched after these tokens
         self.num_tokens = 0
         self.cached_prompt_tokens = 0
 
@@ -52,19 +45,10 @@ class TextStream:
             self.num_tokens += 1
             reply.token_ids.append(token_id)
             if n:
-                top = [
-                    pb.TokenLogprob(token_id=t, logprob=lp)
-                    for t, lp in zip(
-                        events.top_ids[i * n : (i + 1) * n],
-                        events.top_logprobs[i * n : (i + 1) * n],
-                        strict=True,
-                    )
-                ]
-                reply.logprobs.append(
-                    pb.GeneratedToken(
-                        token_id=token_id, logprob=events.logprobs[i], top_logprobs=top
-                    )
-                )
+                own = slice(i * n, (i + 1) * n)  # this token's n alternatives
+                pairs = zip(events.top_ids[own], events.top_logprobs[own], strict=True)
+                top = [pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in pairs]
+                reply.logprobs.add(token_id=token_id, logprob=events.logprobs[i], top_logprobs=top)
             if token_id not in self.stop_token_ids:  # an end-of-sequence token has no text
                 piece = self.detok.feed(token_id)
                 text.append(piece if self.num_tokens <= self.min_tokens else self.stops.feed(piece))

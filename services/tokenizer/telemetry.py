@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
@@ -29,15 +30,16 @@ from services.telemetry.propagation import context_from_metadata, traceparent_of
 from services.telemetry.tracing import Tracing
 from services.tokenizer.metrics import TokenizerMetrics
 
+_GRPC_CALL = {"rpc.system": "grpc", "rpc.service": "tandem.v1.Generation", "rpc.method": "Generate"}
 
+
+@dataclass(frozen=True)
 class TokenizerTelemetry:
     """Per process: makes a GenerateCall for each request."""
 
-    def __init__(self, tracing: Tracing, metrics: TokenizerMetrics, model_name: str) -> None:
-        self.tracing = tracing
-        self.tracer = tracing.tracer
-        self.metrics = metrics
-        self.model_name = model_name
+    tracing: Tracing
+    metrics: TokenizerMetrics
+    model_name: str
 
     def begin(
         self, metadata: Iterable[tuple[str, str | bytes]] | None, http_route: str = ""
@@ -48,25 +50,10 @@ class TokenizerTelemetry:
 
 
 class GenerateCall:
-    __slots__ = (
-        "_ended",
-        "_last_token",
-        "_output_tokens",
-        "_t0",
-        "_ttft",
-        "metrics",
-        "model_name",
-        "parent",
-        "recording",
-        "span",
-        "stream_span",
-        "tracer",
-    )
-
     def __init__(
         self, owner: TokenizerTelemetry, parent: Context | None, http_route: str = ""
     ) -> None:
-        self.tracer = owner.tracer
+        self.tracer = owner.tracing.tracer
         self.metrics = owner.metrics
         self.model_name = owner.model_name
         self.parent = parent
@@ -78,15 +65,8 @@ class GenerateCall:
         self.span: trace.Span = trace.INVALID_SPAN
         self.stream_span: trace.Span = trace.INVALID_SPAN
         if self.recording:
-            api: dict[str, str] = (
-                {"http.request.method": "POST", "http.route": http_route}
-                if http_route
-                else {
-                    "rpc.system": "grpc",
-                    "rpc.service": "tandem.v1.Generation",
-                    "rpc.method": "Generate",
-                }
-            )
+            http = {"http.request.method": "POST", "http.route": http_route}
+            api = http if http_route else _GRPC_CALL
             self.span = self.tracer.start_span(
                 "Generate",
                 context=parent,
@@ -212,7 +192,7 @@ class GenerateCall:
                     "tandem.e2e_s": e2e,
                 }
             )
-        self._end()
+        self.end()
 
     def fail(self, err: BaseException) -> None:
         """The call ends with an error, or the client went away (GeneratorExit, cancellation)."""
@@ -232,13 +212,10 @@ class GenerateCall:
             else:
                 _fail(self.span, err)
                 self.stream_span.set_status(Status(StatusCode.ERROR, reason))
-        self._end()
+        self.end()
 
     def end(self) -> None:
         """Whatever happened, close the spans (a no-op after finish or fail)."""
-        self._end()
-
-    def _end(self) -> None:
         if self._ended:
             return
         self._ended = True

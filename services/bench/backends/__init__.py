@@ -22,9 +22,9 @@ class Backend(Protocol):
 def open_backend(target: Target, config: BenchConfig) -> AbstractAsyncContextManager[Backend]:
     # Imported on use: a run against tandem alone needs no httpx, one against OpenAI no grpc.
     if target.backend == "tandem":
-        from services.bench.backends.tandem import TandemBackend
+        from services.bench.backends.tandem import open_tandem
 
-        return TandemBackend(target.url, config)
-    from services.bench.backends.openai import OpenAIBackend
+        return open_tandem(target.url, config)
+    from services.bench.backends.openai import open_openai
 
-    return OpenAIBackend(target.url, config)
+    return open_openai(target.url, config)

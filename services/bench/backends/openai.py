@@ -9,9 +9,10 @@ held-back partial character) merges into the next chunk's gap. Output tokens com
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -23,47 +24,36 @@ CONNECT_TIMEOUT_S = 10.0
 MAX_MESSAGE_CHARS = 300  # of an error body shown in the table
 
 
+@asynccontextmanager
+async def open_openai(base_url: str, config: BenchConfig) -> AsyncIterator[OpenAIBackend]:
+    # No read timeout (a long generation is not an error; the runner's --timeout is the
+    # limit) and no cap on connections (the runner decides how many are in flight).
+    key = config.api_key
+    async with httpx.AsyncClient(
+        base_url=base_url.rstrip("/"),
+        headers={"Authorization": f"Bearer {key}"} if key else None,
+        timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+    ) as client:
+        model = config.model if config.model is not None else await _served_model(client)
+        yield OpenAIBackend(client, config, model)
+
+
+async def _served_model(client: httpx.AsyncClient) -> str | None:
+    # Servers that host one model (llama-server) ignore the name, but an OpenAI-style
+    # server that checks it gets the one it lists; failures surface in the requests.
+    try:
+        reply = await client.get("/v1/models")
+        return str(reply.json()["data"][0]["id"]) if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, LookupError, TypeError):
+        return None
+
+
+@dataclass
 class OpenAIBackend:
-    def __init__(self, base_url: str, config: BenchConfig) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.config = config
-        self.model = config.model
-        self._client: httpx.AsyncClient | None = None
-
-    async def __aenter__(self) -> Self:
-        # No read timeout (a long generation is not an error; the runner's --timeout is the
-        # limit) and no cap on connections (the runner decides how many are in flight).
-        key = self.config.api_key
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {key}"} if key else None,
-            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-        )
-        if self.model is None:
-            self.model = await self._served_model()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def _served_model(self) -> str | None:
-        # Servers that host one model (llama-server) ignore the name, but an OpenAI-style
-        # server that checks it gets the one it lists; failures surface in the requests.
-        if self._client is None:
-            return None
-        try:
-            reply = await self._client.get("/v1/models")
-            return str(reply.json()["data"][0]["id"]) if reply.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, LookupError, TypeError):
-            return None
+    client: httpx.AsyncClient
+    config: BenchConfig
+    model: str | None  # sent in every body; None: none sent
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -83,19 +73,17 @@ class OpenAIBackend:
         return body
 
     async def stream(self, spec: RequestSpec) -> AsyncGenerator[Event, None]:
-        if self._client is None:
-            raise RuntimeError("OpenAIBackend used outside `async with`")
         path = "/v1/chat/completions" if self.config.endpoint == "chat" else "/v1/completions"
         finished = False
         try:
-            async with self._client.stream("POST", path, json=self.body(spec)) as response:
+            async with self.client.stream("POST", path, json=self.body(spec)) as response:
                 if response.status_code != 200:
                     await response.aread()
                     raise RequestFailed(f"HTTP {response.status_code}", _error_text(response.text))
                 async for line in response.aiter_lines():
-                    data = _sse_data(line)
-                    if data is None:
-                        continue
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments, `event:` lines
+                    data = line[5:].strip()
                     if data == "[DONE]":
                         break
                     event = self._event(data)
@@ -115,30 +103,20 @@ class OpenAIBackend:
             raise RequestFailed("BAD_STREAM", f"not a JSON object: {data[:MAX_MESSAGE_CHARS]}")
         if "error" in chunk:
             raise RequestFailed("STREAM_ERROR", _error_text(json.dumps(chunk)))
-        text, finish = "", None
-        choices = chunk.get("choices") or []
-        if choices:
-            choice = choices[0]
-            if self.config.endpoint == "chat":
-                text = (choice.get("delta") or {}).get("content") or ""
-            else:
-                text = choice.get("text") or ""
-            finish = choice.get("finish_reason")
+        choice = (chunk.get("choices") or [{}])[0]  # the usage chunk has no choices
+        if self.config.endpoint == "chat":
+            text = (choice.get("delta") or {}).get("content") or ""
+        else:
+            text = choice.get("text") or ""
         usage = chunk.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         return Event(
             tokens=1 if text else 0,
-            finish_reason=finish,
+            finish_reason=choice.get("finish_reason"),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
             cached_prompt_tokens=details.get("cached_tokens"),
         )
-
-
-def _sse_data(line: str) -> str | None:
-    if not line.startswith("data:"):
-        return None  # blank separators, comments, `event:` lines
-    return line[5:].strip()
 
 
 def _error_text(body: str) -> str:

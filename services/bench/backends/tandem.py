@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from types import TracebackType
-from typing import Self
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from services.bench.config import BenchConfig
 from services.bench.record import Event, RequestFailed
@@ -13,30 +13,19 @@ from services.client import TandemClient
 from services.client_types import GenerateOptions, TandemError
 
 
+@asynccontextmanager
+async def open_tandem(address: str, config: BenchConfig) -> AsyncIterator[TandemBackend]:
+    # One channel for every request: HTTP/2 multiplexes the streams, as a real client would.
+    async with TandemClient(address, api_key=config.api_key) as client:
+        yield TandemBackend(client, config)
+
+
+@dataclass
 class TandemBackend:
-    def __init__(self, address: str, config: BenchConfig) -> None:
-        self.address = address
-        self.config = config
-        self._client: TandemClient | None = None
-
-    async def __aenter__(self) -> Self:
-        # One channel for every request: HTTP/2 multiplexes the streams, as a real client would.
-        self._client = TandemClient(self.address, api_key=self.config.api_key)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+    client: TandemClient
+    config: BenchConfig
 
     async def stream(self, spec: RequestSpec) -> AsyncGenerator[Event, None]:
-        if self._client is None:
-            raise RuntimeError("TandemBackend used outside `async with`")
         options = GenerateOptions(
             max_tokens=spec.max_tokens,
             ignore_eos=self.config.ignore_eos,
@@ -49,7 +38,7 @@ class TandemBackend:
             options["messages"] = spec.messages()
             prompt = None
         try:
-            async with self._client.generate(prompt, **options) as generation:
+            async with self.client.generate(prompt, **options) as generation:
                 async for delta in generation:
                     usage = delta.usage
                     yield Event(

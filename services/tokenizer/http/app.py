@@ -5,10 +5,9 @@
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
     GET  /metrics   the process's Prometheus registry (no key needed)
 
-Each generation request is converted to the gRPC API's `GenerateRequest`s (convert.py), checked
-by the same `parse_generate`, and run by `Admission.generate` with its own `GenerateCall`
-(generations.py): the same validation, backpressure, priority, tracing and metrics as gRPC.
-A client that goes away cancels its request, streamed or not.
+Each generation request becomes the gRPC API's `GenerateRequest`s (convert.py), run by the same
+admission path (generations.py): the same validation, backpressure, priority, tracing and
+metrics as gRPC. A client that goes away cancels its request, streamed or not.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
 from services.tokenizer.http.errors import error_body, http_error
 from services.tokenizer.http.generations import Generations
-from services.tokenizer.http.output import ChatOutput, CompletionOutput, Output, sse
+from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -45,11 +44,9 @@ from services.tokenizer.http.schemas import (
     ErrorResponse,
     ModelList,
 )
-from services.tokenizer.request import parse_generate
 from shm.errors import ShmError
 
 T = TypeVar("T")
-REQUEST_ID = "x-request-id"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 503)
@@ -155,24 +152,17 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
 
     @v1.post("/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        plan = chat_plan(body, request.state.request_id, a.model_name)
-        return await serve(request, plan, ChatOutput, "chatcmpl", CHAT)
+        return await serve(request, chat_plan(body, request.state.request_id, a.model_name))
 
     @v1.post("/completions", response_model=Completion)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        plan = completion_plan(body, request.state.request_id, a.model_name)
-        return await serve(request, plan, CompletionOutput, "cmpl", COMPLETIONS)
+        return await serve(request, completion_plan(body, request.state.request_id, a.model_name))
 
-    async def serve(
-        request: Request, plan: Plan, output: type[Output], id_prefix: str, route: str
-    ) -> Response:
-        out = output(
-            a.tokenizer, f"{id_prefix}-{request.state.request_id}", a.model_name, plan.n,
-            plan.top_logprobs, plan.include_usage, plan.continuous_usage,
-        )  # fmt: skip
-        a.check_ready()
-        vocab, context = a.tokenizer.vocab_size, a.max_seq_len
-        specs = [parse_generate(r, a.model_name, vocab, context) for r in plan.requests]
+    async def serve(request: Request, plan: Plan) -> Response:
+        response_id = f"{'chatcmpl' if plan.chat else 'cmpl'}-{request.state.request_id}"
+        out = Output(a.tokenizer, response_id, a.model_name, plan)
+        route = CHAT if plan.chat else COMPLETIONS
+        specs = [a.parse(r) for r in plan.requests]
         generations = Generations(a, specs, request.headers.items(), route)
         try:
             out.on_prompts(await until_disconnected(request, generations.start()))
@@ -180,7 +170,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
             await generations.aclose()
             raise
         if plan.stream:
-            events = stream(generations, out, route == CHAT)
+            events = stream(generations, out)
             return StreamingResponse(events, media_type="text/event-stream")
 
         async def collect() -> dict[str, Any]:
@@ -198,7 +188,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
     return app
 
 
-async def stream(generations: Generations, out: Output, chat: bool) -> AsyncIterator[str]:
+async def stream(generations: Generations, out: Output) -> AsyncIterator[str]:
     """The SSE events; an error after the first one is sent as an event of its own (the status
     is gone by then), as OpenAI and vLLM do. Starlette cancels this when the client goes."""
     try:
@@ -208,7 +198,7 @@ async def stream(generations: Generations, out: Output, chat: bool) -> AsyncIter
         for event in out.last():
             yield event
     except Exception as err:
-        yield sse(http_error(err, chat)[1])
+        yield sse(http_error(err, out.chat)[1])
     finally:
         await generations.aclose()
 

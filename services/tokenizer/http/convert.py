@@ -25,6 +25,7 @@ class Plan:
     include_usage: bool
     continuous_usage: bool  # the usage so far in every chunk (vLLM's continuous_usage_stats)
     top_logprobs: int | None  # alternatives per token to return; None: no logprobs
+    chat: bool  # answered as chat completions, or else as (text) completions
 
 
 def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -47,11 +48,7 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
         request.chat.messages.add(
             role=_ROLES.get(message.role, message.role), content=content or ""
         )
-    if not body.messages:
-        raise InvalidRequest("messages", "has no messages")
-    max_tokens = body.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = body.max_tokens
+    max_tokens = body.max_completion_tokens or body.max_tokens  # both at least 1
     if max_tokens is not None:
         request.max_tokens = max_tokens
     top: int | None = None
@@ -74,7 +71,7 @@ def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -
         template.max_tokens = body.max_tokens
     top = body.logprobs
     if top is not None:
-        template.logprobs = max(top, 1) if top >= 0 else top
+        template.logprobs = max(top, 1)  # the sampled token's own logprob comes with the top-1
     requests = []
     for p, prompt in enumerate(prompts):
         request = pb.GenerateRequest()
@@ -100,6 +97,7 @@ def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) 
         include_usage=bool(options and options.include_usage),
         continuous_usage=bool(options and options.continuous_usage_stats),
         top_logprobs=top,
+        chat=isinstance(body, ChatCompletionRequest),
     )
 
 
@@ -121,8 +119,6 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
                        f"{model_name!r}")  # fmt: skip
     if body.best_of not in (None, 1):
         raise InvalidRequest("best_of", "is not supported yet (n sequences are: use n)")
-    if body.n is not None and body.n < 1:
-        raise InvalidRequest("n", f"must be at least 1, got {body.n}")
     request = pb.GenerateRequest(
         model=body.model or "",
         request_id=request_id,
@@ -132,8 +128,6 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
         priority=body.priority or 0,
         session_id=body.session_id or "",
     )
-    if body.min_tokens is not None and body.min_tokens < 0:
-        raise InvalidRequest("min_tokens", f"must be >= 0, got {body.min_tokens}")
     s = request.sampling
     if body.top_k is not None:
         s.top_k = max(body.top_k, 0)  # vLLM's -1 is our 0: off
@@ -153,10 +147,7 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
             raise InvalidRequest("seed", f"must be in [0, 2**63), got {body.seed}")
         s.seed = body.seed
     for key, bias in (body.logit_bias or {}).items():
-        try:
-            token_id = int(key)
-        except ValueError:
-            raise InvalidRequest("logit_bias", f"{key!r} is not a token id") from None
+        token_id = int(key)  # the schema let only digits through
         if not 0 <= token_id < 2**31:
             raise InvalidRequest("logit_bias", f"{token_id} is not a token id")
         s.logit_bias[token_id] = bias

@@ -1,10 +1,6 @@
 """The admission calls of one HTTP request (one per prompt) as one stream of (choice index,
 message): each call is the same `Admission.generate` a gRPC request makes, with its own
-`GenerateCall` (span, metrics) parented by the request's `traceparent` header.
-
-`start()` runs every call up to its first message, so whatever refuses the request (a bad
-field, a full queue, no worker) is raised before an HTTP status is sent.
-"""
+`GenerateCall` (span, metrics) parented by the request's `traceparent` header."""
 
 from __future__ import annotations
 
@@ -17,11 +13,12 @@ from services.tokenizer.request import GenerateSpec
 from tandem.v1 import generation_pb2 as pb
 
 Headers = Iterable[tuple[str, str]]
+Item = tuple[int, pb.GenerateResponse]  # (choice index, message)
 
 
 async def _one(
     admission: Admission, spec: GenerateSpec, headers: Headers, route: str, offset: int
-) -> AsyncGenerator[tuple[int, pb.GenerateResponse], None]:
+) -> AsyncGenerator[Item, None]:
     # Begun here, not before: a call whose generator never runs never opens a span either.
     call = admission.telemetry.begin(headers, route)
     try:
@@ -46,21 +43,20 @@ class Generations:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> list[pb.GenerateResponse]:
-        """Each call up to its first message (its prompt's ids), which it returns: refusals
-        are raised here."""
+        """Each call up to its first message (its prompt's ids), which it returns: whatever refuses
+        the request (a bad field, a full queue, no worker) is raised here, before an HTTP status
+        is sent."""
         return [(await anext(stream))[1] for stream in self._streams]
 
-    def __aiter__(self) -> AsyncIterator[tuple[int, pb.GenerateResponse]]:
+    def __aiter__(self) -> AsyncIterator[Item]:
         if len(self._streams) == 1:
             return self._streams[0]
         return self._merged()
 
-    async def _merged(self) -> AsyncGenerator[tuple[int, pb.GenerateResponse], None]:
-        queue: asyncio.Queue[tuple[int, pb.GenerateResponse] | BaseException | None] = (
-            asyncio.Queue()
-        )
+    async def _merged(self) -> AsyncGenerator[Item, None]:
+        queue: asyncio.Queue[Item | BaseException | None] = asyncio.Queue()
 
-        async def pump(stream: AsyncGenerator[tuple[int, pb.GenerateResponse], None]) -> None:
+        async def pump(stream: AsyncGenerator[Item, None]) -> None:
             try:
                 async for item in stream:
                     queue.put_nowait(item)

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.tokenizer import Tokenizer
+from services.tokenizer.http.convert import Plan
 from tandem.v1 import generation_pb2 as pb
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
 def sse(obj: Any) -> str:
-    return f"data: {_dumps(obj)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 DONE = "data: [DONE]\n\n"
@@ -32,38 +30,21 @@ class _Choice:
 
 
 class Output:
-    """One HTTP request's answer, fed each message with its choice index."""
+    """One HTTP request's answer (chat or completions, as its plan says), fed each message with
+    its choice index."""
 
-    object = ""
-    chunk_object = ""
-
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        response_id: str,
-        model: str,
-        n: int,
-        top_logprobs: int | None,
-        include_usage: bool,
-        continuous_usage: bool = False,
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, response_id: str, model: str, plan: Plan) -> None:
         self.tokenizer = tokenizer
         self.id = response_id
         self.model = model
         self.created = int(time.time())
-        self.n = n
-        self.top = top_logprobs
-        self.include_usage = include_usage
-        self.continuous_usage = continuous_usage
+        self.plan = plan
+        self.chat = plan.chat
+        self.object = "chat.completion" if plan.chat else "text_completion"
+        self.chunk_object = "chat.completion.chunk" if plan.chat else "text_completion"
         self.generated = 0  # tokens so far, every choice
-        self.choices: dict[int, _Choice] = {}
+        self.choices: defaultdict[int, _Choice] = defaultdict(_Choice)
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
-
-    def _choice(self, index: int) -> _Choice:
-        choice = self.choices.get(index)
-        if choice is None:
-            choice = self.choices[index] = _Choice()
-        return choice
 
     def on_prompts(self, headers: list[pb.GenerateResponse]) -> None:
         """The first message of each prompt's call: its prompt's ids."""
@@ -74,39 +55,35 @@ class Output:
         if not msg.finish_reason:
             return
         self.completion_tokens += msg.usage.completion_tokens
-        if index % self.n == 0:  # once per prompt
+        if index % self.plan.n == 0:  # once per prompt
             self.cached_tokens += msg.usage.cached_prompt_tokens
 
-    def usage(self) -> dict[str, Any]:
-        return {
+    def usage(self, so_far: bool = False) -> dict[str, Any]:
+        """The request's usage; `so_far`: while it streams (vLLM's continuous_usage_stats)."""
+        completion = self.generated if so_far else self.completion_tokens
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
         }
+        if not so_far:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
-    def usage_so_far(self) -> dict[str, Any]:
+    def _body(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.generated,
-            "total_tokens": self.prompt_tokens + self.generated,
-        }
-
-    def _token(self, token_id: int) -> tuple[str, bytes]:
-        raw = self.tokenizer.token_bytes(token_id)
-        return raw.decode("utf-8", errors="replace"), raw
-
-    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
-        chunk: dict[str, Any] = {
             "id": self.id,
-            "object": self.chunk_object,
+            "object": kind,
             "created": self.created,
             "model": self.model,
             "choices": choices,
         }
-        if self.include_usage:
-            if usage is None and self.continuous_usage:
-                usage = self.usage_so_far()
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
+        chunk = self._body(self.chunk_object, choices)
+        if self.plan.include_usage:
+            if usage is None and self.plan.continuous_usage:
+                usage = self.usage(so_far=True)
             chunk["usage"] = usage
         return sse(chunk)
 
@@ -115,113 +92,75 @@ class Output:
         self._count(index, msg)
         if not (msg.text or msg.logprobs or msg.finish_reason):
             return []
-        return self._stream(index, msg)
+        out = []
+        body: dict[str, Any] = {"index": index}
+        if self.chat:
+            choice = self.choices[index]
+            if not choice.started:  # as OpenAI: the role first, with the first output
+                choice.started = True
+                delta = {"role": "assistant", "content": ""}
+                out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
+            body["delta"] = {"content": msg.text} if msg.text else {}
+        else:
+            body["text"] = msg.text
+        body["logprobs"] = self._logprobs(msg.logprobs)
+        body["finish_reason"] = msg.finish_reason or None
+        out.append(self._chunk([body]))
+        return out
 
     def last(self) -> list[str]:
         """What ends the stream: the usage chunk when asked for, then [DONE]."""
-        tail = [self._chunk([], self.usage())] if self.include_usage else []
+        tail = [self._chunk([], self.usage())] if self.plan.include_usage else []
         return [*tail, DONE]
 
     def add(self, index: int, msg: pb.GenerateResponse) -> None:
         """For a whole response: take in one message."""
         self._count(index, msg)
-        choice = self._choice(index)
+        choice = self.choices[index]
         if msg.text:
             choice.text.append(msg.text)
-        if msg.logprobs and self.top is not None:
+        if msg.logprobs and self.plan.top_logprobs is not None:
             choice.logprobs.extend(msg.logprobs)
         if msg.finish_reason:
             choice.finish_reason = msg.finish_reason
 
-    def _stream(self, index: int, msg: pb.GenerateResponse) -> list[str]:
-        raise NotImplementedError
-
-    def _logprobs(self, tokens: Any) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-    def _content(self, choice: _Choice) -> dict[str, Any]:
-        """A whole choice's output: a chat message, or a completion's text."""
-        raise NotImplementedError
-
     def whole(self) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                **self._content(c),
-                "logprobs": self._logprobs(c.logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for i, c in sorted(self.choices.items())
-        ]
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-        }
-
-
-class ChatOutput(Output):
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-
-    def _logprobs(self, tokens: Any) -> dict[str, Any] | None:
-        if self.top is None:
-            return None
-        content = []
-        for t in tokens:
-            text, raw = self._token(t.token_id)
-            alternatives = []
-            for alt in t.top_logprobs[: self.top]:
-                alt_text, alt_raw = self._token(alt.token_id)
-                alternatives.append(
-                    {"token": alt_text, "logprob": alt.logprob, "bytes": list(alt_raw)}
-                )
-            content.append(
-                {
-                    "token": text,
-                    "logprob": t.logprob,
-                    "bytes": list(raw),
-                    "top_logprobs": alternatives,
-                }
+        choices = []
+        for i, c in sorted(self.choices.items()):
+            text = "".join(c.text)
+            message = {"role": "assistant", "content": text}
+            content = {"message": message} if self.chat else {"text": text}
+            logprobs = self._logprobs(c.logprobs)
+            choices.append(
+                {"index": i, **content, "logprobs": logprobs, "finish_reason": c.finish_reason}
             )
-        return {"content": content}
+        return {**self._body(self.object, choices), "usage": self.usage()}
 
-    def _stream(self, index: int, msg: pb.GenerateResponse) -> list[str]:
-        out = []
-        choice = self._choice(index)
-        if not choice.started:  # as OpenAI: the role first, with the first output
-            choice.started = True
-            delta = {"role": "assistant", "content": ""}
-            out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
-        body: dict[str, Any] = {
-            "index": index,
-            "delta": {"content": msg.text} if msg.text else {},
-            "logprobs": self._logprobs(msg.logprobs),
-            "finish_reason": msg.finish_reason or None,
-        }
-        out.append(self._chunk([body]))
-        return out
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
-    def _content(self, choice: _Choice) -> dict[str, Any]:
-        return {"message": {"role": "assistant", "content": "".join(choice.text)}}
-
-
-class CompletionOutput(Output):
-    object = chunk_object = "text_completion"
+    def _chat_token(self, token: pb.GeneratedToken | pb.TokenLogprob) -> dict[str, Any]:
+        raw = self.tokenizer.token_bytes(token.token_id)
+        text = raw.decode("utf-8", errors="replace")
+        return {"token": text, "logprob": token.logprob, "bytes": list(raw)}
 
     def _logprobs(self, tokens: Any) -> dict[str, Any] | None:
-        if self.top is None:
+        top = self.plan.top_logprobs
+        if top is None:
             return None
+        if self.chat:
+            content = []
+            for t in tokens:
+                alternatives = [self._chat_token(a) for a in t.top_logprobs[:top]]
+                content.append({**self._chat_token(t), "top_logprobs": alternatives})
+            return {"content": content}
         texts, lps, tops, offsets = [], [], [], []
         offset = 0
         for t in tokens:
-            text, _ = self._token(t.token_id)
+            text = self._text(t.token_id)
             texts.append(text)
             lps.append(t.logprob)
-            tops.append({self._token(a.token_id)[0]: a.logprob for a in t.top_logprobs[: self.top]})
+            tops.append({self._text(a.token_id): a.logprob for a in t.top_logprobs[:top]})
             offsets.append(offset)
             offset += len(text)
         return {
@@ -230,15 +169,3 @@ class CompletionOutput(Output):
             "top_logprobs": tops,
             "text_offset": offsets,
         }
-
-    def _stream(self, index: int, msg: pb.GenerateResponse) -> list[str]:
-        body = {
-            "index": index,
-            "text": msg.text,
-            "logprobs": self._logprobs(msg.logprobs),
-            "finish_reason": msg.finish_reason or None,
-        }
-        return [self._chunk([body])]
-
-    def _content(self, choice: _Choice) -> dict[str, Any]:
-        return {"text": "".join(choice.text)}

@@ -1,10 +1,7 @@
 """The OpenAI request and response bodies tandem speaks, as pydantic models (the OpenAPI
 document is made from them). Requests refuse a field they do not know; a field they know but
 tandem does not support yet (tools, a JSON schema, images) is refused by name in convert.py.
-
-Responses are written as plain dicts on the hot path (convert.py); the models here document
-them in the OpenAPI document.
-"""
+Responses are written as plain dicts on the hot path (output.py): their models only document."""
 
 from __future__ import annotations
 
