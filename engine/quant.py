@@ -233,9 +233,9 @@ class Fp8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # (tokens, K)
         if flat.is_cuda:
             from engine.kernels.fp8_rows import rows_to_fp8
-            from engine.kernels.w8a16 import SMALL_M, w8a16_matmul
+            from engine.kernels.w8a16 import FP8_SMALL_M, w8a16_matmul
 
-            if flat.shape[0] <= SMALL_M:
+            if flat.shape[0] <= FP8_SMALL_M:
                 return w8a16_matmul(flat, self.weight, self.scale).reshape(
                     *x.shape[:-1], self.out_features
                 )

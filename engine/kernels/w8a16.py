@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 SMALL_M = 64  # up to this many rows the kernel beats widening the weight for cuBLAS
+FP8_SMALL_M = 16  # up to this many rows it beats the FP8 GEMM (bench/fp8_small_m.py)
 
 
 @triton.jit

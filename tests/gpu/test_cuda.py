@@ -437,12 +437,12 @@ def test_int8_model_stays_close_to_bf16(default_model: Path) -> None:
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.85
 
 
-@pytest.mark.parametrize("m", [1, 16, 64, 65, 512])
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 65, 512])
 def test_fp8_linear_matches_bf16_and_fp32_references(m: int) -> None:
-    """Up to SMALL_M rows the weight-only kernel (fp8 widened in registers), beyond it the FP8
+    """Up to FP8_SMALL_M rows the weight-only kernel (fp8 widened in registers), beyond it the FP8
     tensor cores with per-token activation scales: each against the exact product of its own
     fp8 operands, and within e4m3's rounding of the float weights' product in fp32 and bf16."""
-    from engine.kernels.w8a16 import SMALL_M
+    from engine.kernels.w8a16 import FP8_SMALL_M
     from engine.quant import FP8_MAX, Fp8Linear, to_fp8
 
     torch.manual_seed(0)
@@ -453,7 +453,7 @@ def test_fp8_linear_matches_bf16_and_fp32_references(m: int) -> None:
     out = layer(x)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     w = layer.weight.float() * layer.scale[:, None]
-    if m <= SMALL_M:
+    if m <= FP8_SMALL_M:
         exact = x.float() @ w.t()
     else:
         from engine.kernels.fp8_rows import rows_to_fp8
