@@ -25,10 +25,6 @@ COMMANDS = {
 }
 
 
-def default_home() -> Path:
-    return Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with `command`'s full flags (the others only named, with their help)."""
     parser = argparse.ArgumentParser(
@@ -38,7 +34,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--home",
         type=Path,
-        default=default_home(),
+        default=Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser(),
         help="where model files are cached (default: $TANDEM_HOME or ~/.cache/tandem)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -18,6 +18,20 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", help="with --chat: a system message before the prompt")
 
 
+# The sampling flags, passed on by name: flag -> (type, default, help).
+SAMPLING_FLAGS: dict[str, tuple[type, Any, str]] = {
+    "temperature": (float, 0.0, "0 (the default) is greedy decoding"),
+    "top_p": (float, 1.0, "nucleus sampling mass (1: off)"),
+    "top_k": (int, 0, "keep the k most likely (0: off)"),
+    "min_p": (float, 0.0, "drop below min-p × best (0: off)"),
+    "repetition_penalty": (float, 1.0, "1: off"),
+    "presence_penalty": (float, 0.0, "0: off"),
+    "frequency_penalty": (float, 0.0, "0: off"),
+    "seed": (int, None, "makes sampling reproducible"),
+    "logprobs": (int, 0, "top-n logprobs per token (JSON)"),
+}
+
+
 def add_sampling_args(
     parser: argparse.ArgumentParser, *, max_tokens: int | None = 256, json_flag: bool = True
 ) -> None:
@@ -29,20 +43,13 @@ def add_sampling_args(
     parser.add_argument(
         "--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens"
     )
-    parser.add_argument(
-        "--temperature", type=float, default=0.0, help="0 (the default) is greedy decoding"
-    )
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0: off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop below min-p × best (0: off)")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
-    parser.add_argument("--presence-penalty", type=float, default=0.0, help="0: off")
-    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="0: off")
-    parser.add_argument("--seed", type=int, help="makes sampling reproducible")
+    for name, (kind, default, help_text) in SAMPLING_FLAGS.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, default=default, help=help_text
+        )
     parser.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
     )
-    parser.add_argument("--logprobs", type=int, default=0, help="top-n logprobs per token (JSON)")
     if json_flag:
         parser.add_argument(
             "--json", action="store_true", help="print one JSON object instead of streaming text"
@@ -56,19 +63,6 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
-
-
-SAMPLING_FLAGS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "logprobs",
-)
 
 
 def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:

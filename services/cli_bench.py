@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import sys
+from dataclasses import fields
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -81,9 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="draw each length uniformly from [n·(1−R), n·(1+R)] (default 0: fixed)",
     )
     load.add_argument(
-        "--concurrency",
-        type=int,
-        help="requests in flight (default 1); with --rate, a cap on them",
+        "--concurrency", type=int, help="requests in flight (default 1); with --rate, a cap on them"
     )
     load.add_argument("--rate", type=float, help="Poisson arrivals, requests per second")
     load.add_argument(
@@ -105,9 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     stop = load.add_mutually_exclusive_group()
     stop.add_argument("--duration", type=float, help="seconds to keep sending")
     stop.add_argument(
-        "--num-requests",
-        type=int,
-        help=f"measured requests (default {DEFAULT_NUM_REQUESTS})",
+        "--num-requests", type=int, help=f"measured requests (default {DEFAULT_NUM_REQUESTS})"
     )
     load.add_argument("--warmup", type=int, default=0, help="requests sent first, not measured")
     load.add_argument(
@@ -140,43 +137,22 @@ def targets_from_args(backends: list[str] | None, urls: list[str] | None) -> tup
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    return BenchConfig(
-        targets=targets_from_args(args.backend, args.url),
-        endpoint=args.endpoint,
-        model=args.model,
-        api_key=args.api_key or None,
-        dataset=args.dataset,
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
-        random_range=args.random_range,
-        concurrency=args.concurrency,
-        rate=args.rate,
-        priority_mix=args.priority_mix,
-        ignore_eos=args.ignore_eos,
-        temperature=args.temperature,
-        seed=args.seed,
-        duration=args.duration,
-        num_requests=args.num_requests,
-        warmup=args.warmup,
-        timeout=args.timeout,
-        progress=not args.no_progress,
-    )
+    # The workload flags are named as BenchConfig's fields.
+    values = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if f.name in vars(args)}
+    values.update(api_key=args.api_key or None, progress=not args.no_progress)
+    return BenchConfig(targets=targets_from_args(args.backend, args.url), **values)
 
 
 def _bench(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        openai = any(t.backend == "openai" for t in config.targets)
+        needs = {"httpx": openai, "matplotlib": args.plot}
+        if missing := [name for name, needed in needs.items() if needed and not find_spec(name)]:
+            need = " and ".join(missing)
+            raise BenchConfigError(f"this run needs {need}: pip install 'tandem[bench]'")
     except BenchConfigError as err:
         print(f"tandem bench: error: {err}", file=sys.stderr)
-        return 2
-    needs = {"httpx": any(t.backend == "openai" for t in config.targets), "matplotlib": args.plot}
-    missing = [name for name, needed in needs.items() if needed and find_spec(name) is None]
-    if missing:
-        print(
-            f"tandem bench: error: this run needs {' and '.join(missing)}: "
-            "pip install 'tandem[bench]'",
-            file=sys.stderr,
-        )
         return 2
     # Imported here: matplotlib and httpx load only when a benchmark really runs.
     from services.bench.report import table, write_json

@@ -57,11 +57,7 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     parser.add_argument("--session-id", help="keeps a conversation's KV cached between turns")
     parser.add_argument("--timeout", type=float, help="seconds before the request is abandoned")
-    add_connection_args(parser)
-
-
-def add_connection_args(parser: argparse.ArgumentParser) -> None:
-    """--api-key and TLS: what a client needs to reach a server started with them."""
+    # --api-key and TLS: what a client needs to reach a server started with them.
     parser.add_argument(
         "--api-key",
         default=os.environ.get("TANDEM_API_KEY", "").split(",")[0] or None,
@@ -104,14 +100,11 @@ def _generate(args: argparse.Namespace) -> int:
     from services.client_types import TandemError
 
     options = _options(args)
+    prompt = None if args.chat else args.prompt
     if args.chat:
         options["messages"] = chat_messages(args)
-        prompt = None
-    elif args.prompt is not None:
-        prompt = args.prompt
-    else:
+    elif prompt is None:
         options["prompt_ids"] = args.prompt_ids
-        prompt = None
     with (
         Client(args.server, connection=connection_of(args)) as client,
         client.generate(prompt, **options) as generation,
@@ -119,8 +112,7 @@ def _generate(args: argparse.Namespace) -> int:
         try:
             for delta in generation:
                 if not args.json:
-                    sys.stdout.write(delta.text)
-                    sys.stdout.flush()
+                    print(delta.text, end="", flush=True)
         except TandemError as err:
             if generation.result.text and not args.json:
                 print()  # end the partial text's line before the error
@@ -226,8 +218,6 @@ def _reply(client: Client, messages: list[Message], options: GenerateOptions) ->
     turn: GenerateOptions = {**options, "messages": messages}
     with client.generate(**turn) as generation:
         for delta in generation:
-            sys.stdout.write(delta.text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+            print(delta.text, end="", flush=True)
+    print(flush=True)
     return generation.result.text

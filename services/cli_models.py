@@ -11,9 +11,8 @@ from engine.errors import EngineError
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("models", help="list or fetch the models you can name")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    verbs.add_parser("list", help="show named models and whether they are cached").set_defaults(
-        func=_list
-    )
+    listing = verbs.add_parser("list", help="show named models and whether they are cached")
+    listing.set_defaults(func=_list)
     fetch = verbs.add_parser("fetch", help="download and verify named models into the cache")
     fetch.add_argument("names", nargs="+", metavar="NAME", help="model names (see `models list`)")
     fetch.add_argument("--quiet", action="store_true", help="no progress bars")

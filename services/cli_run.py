@@ -126,30 +126,22 @@ def _generate(
     result = Generation(request)
     started = time.perf_counter()
     first = None
-    logprobs = []
     for delta in generate(engine, tokenizer, request, result):
         first = first or time.perf_counter()
-        logprobs.append(delta.logprob)
         if not args.json:
-            sys.stdout.write(delta.text)
-            sys.stdout.flush()
-    elapsed = time.perf_counter() - started
+            print(delta.text, end="", flush=True)
+    decode = time.perf_counter() - (first or started)
     usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids)}
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "prompt_token_ids": prompt_ids,
-                    "token_ids": result.token_ids,
-                    "text": result.text,
-                    "finish_reason": result.finish_reason,
-                    "usage": usage,
-                },
-                ensure_ascii=False,
-            )
-        )
+        out = {
+            "prompt_token_ids": prompt_ids,
+            "token_ids": result.token_ids,
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "usage": usage,
+        }
+        print(json.dumps(out, ensure_ascii=False))
     else:
-        decode = elapsed - ((first or started) - started)
         rate = (len(result.token_ids) - 1) / decode if decode > 0 else 0.0
         print(
             f"\n[{usage['prompt_tokens']} prompt + {usage['completion_tokens']} generated tokens, "

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -136,13 +135,11 @@ def child_configs(
 
 
 async def _supervise(config: ServeConfig) -> int:
-    from services.launcher import LaunchFailed, ProcessSpec, Supervisor, child_env, free_port
+    from services.launcher import LaunchFailed, ProcessSpec, Supervisor, free_port
+    from services.process import stop_event_on_signals
 
     log = logging.getLogger("tandem.launcher")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event_on_signals()
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
     worker, scheduler, tokenizers = child_configs(config, free_port)
 
@@ -160,7 +157,7 @@ async def _supervise(config: ServeConfig) -> int:
             for i, t in enumerate(tokenizers, 1)
         ),
     ]
-    supervisor = Supervisor(specs, child_env(), config.ready_timeout)
+    supervisor = Supervisor(specs, {"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
     try:
         starting = asyncio.create_task(supervisor.start_all())
         stopped = asyncio.create_task(stop.wait())
@@ -173,7 +170,6 @@ async def _supervise(config: ServeConfig) -> int:
             if s.metrics_url:
                 log.info("%s metrics at %s", s.name, s.metrics_url)
                 print(f"metrics {s.name} {s.metrics_url}", flush=True)
-        address = config.address
         if config.http_port:
             scheme = "https" if config.tls.enabled else "http"
             print(f"http {scheme}://{config.host}:{config.http_port}/v1", flush=True)
@@ -183,12 +179,12 @@ async def _supervise(config: ServeConfig) -> int:
                 config.host,
             )
         print(
-            f"tandem serving {config.model.model} at {address} "
+            f"tandem serving {config.model.model} at {config.address} "
             f"({config.tokenizers} tokenizer(s), device {config.engine.device})",
             flush=True,
         )
         if config.demo:
-            await _demo(address, config)
+            await _demo(config)
         await stop.wait()
         log.info("shutting down")
         return 0
@@ -200,7 +196,7 @@ async def _supervise(config: ServeConfig) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-async def _demo(address: str, config: ServeConfig) -> None:
+async def _demo(config: ServeConfig) -> None:
     from services.client import TandemClient
     from services.client_types import Connection
 
@@ -214,11 +210,10 @@ async def _demo(address: str, config: ServeConfig) -> None:
         ssl_keyfile=(t.ssl_keyfile or None) if t.ssl_ca_certs else None,
     )
     print(f"\n> {prompt}\n", flush=True)
-    async with TandemClient(address, connection=connection) as client:
+    async with TandemClient(config.address, connection=connection) as client:
         messages = [{"role": "user", "content": prompt}]
         async for delta in client.generate(messages=messages, max_tokens=128, temperature=0.0):
-            sys.stdout.write(delta.text)
-            sys.stdout.flush()
+            print(delta.text, end="", flush=True)
             if delta.finish_reason and delta.usage is not None:
                 print(
                     f"\n\n[{delta.usage.completion_tokens} tokens, {delta.finish_reason}] "

@@ -11,9 +11,8 @@ from shm.errors import ShmError
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("shm", help="show or clean up shared-memory segments")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    verbs.add_parser(
-        "ls", help="list segments and semaphores, and whether their owner lives"
-    ).set_defaults(func=_ls, user_errors=(ShmError,))
+    ls = verbs.add_parser("ls", help="list segments and semaphores, and whether their owner lives")
+    ls.set_defaults(func=_ls, user_errors=(ShmError,))
     gc = verbs.add_parser("gc", help="unlink segments and semaphores whose owner died")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be unlinked")
     gc.set_defaults(func=_gc, user_errors=(ShmError,))

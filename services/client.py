@@ -10,30 +10,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from types import TracebackType
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Self, Unpack
 
 import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
+from services.client_base import ClientBase, GenerationBase, not_ready
 from services.client_sync import Client
 from services.client_types import (
-    ClientBase,
     Delta,
     GenerateOptions,
-    GenerationBase,
     GenerationResult,
-    Message,
     ModelInfo,
     TandemError,
     TokenLogprob,
     Usage,
-    not_ready,
-    tokenize_request,
 )
-from tandem.v1 import generation_pb2 as pb
 
 __all__ = [
     "Client",
@@ -95,12 +89,7 @@ class Generation(GenerationBase):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.cancel()
 
 
@@ -113,12 +102,7 @@ class TandemClient(ClientBase[Generation]):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -129,37 +113,6 @@ class TandemClient(ClientBase[Generation]):
     ) -> GenerationResult:
         async with self.generate(prompt, **options) as generation:
             return await generation.collect()
-
-    async def tokenize(
-        self,
-        text: str | None = None,
-        *,
-        messages: Sequence[Message] | None = None,
-        model: str = "",
-        timeout: float | None = None,
-    ) -> list[int]:
-        reply = await self._unary(
-            self._stub.Tokenize, tokenize_request(text, messages, model), timeout
-        )
-        return list(reply.token_ids)
-
-    async def detokenize(
-        self,
-        token_ids: Sequence[int],
-        *,
-        skip_special_tokens: bool = False,
-        model: str = "",
-        timeout: float | None = None,
-    ) -> str:
-        request = pb.DetokenizeRequest(
-            token_ids=token_ids, skip_special_tokens=skip_special_tokens, model=model
-        )
-        reply = await self._unary(self._stub.Detokenize, request, timeout)
-        return str(reply.text)
-
-    async def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
-        reply = await self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
-        return [ModelInfo.from_pb(m) for m in reply.models]
 
     async def wait_ready(self, timeout: float, service: str = "") -> None:
         """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
@@ -174,8 +127,10 @@ class TandemClient(ClientBase[Generation]):
             watch.cancel()
         raise TandemError(grpc.StatusCode.UNAVAILABLE, f"{self.address} stopped its health watch")
 
-    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    async def _unary(
+        self, method: Any, request: Any, timeout: float | None, value: Callable[[Any], Any]
+    ) -> Any:
         try:
-            return await method(request, timeout=timeout, metadata=self._metadata())
+            return value(await method(request, timeout=timeout, metadata=self._metadata()))
         except aio.AioRpcError as err:
             raise TandemError.from_rpc(err) from None

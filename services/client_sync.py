@@ -9,26 +9,14 @@ No event loop and no thread of ours: grpc's own threads come and go with its cal
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from types import TracebackType
+from collections.abc import Callable, Iterator
 from typing import Any, Self, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2
 
-from services.client_types import (
-    ClientBase,
-    Delta,
-    GenerateOptions,
-    GenerationBase,
-    GenerationResult,
-    Message,
-    ModelInfo,
-    TandemError,
-    not_ready,
-    tokenize_request,
-)
-from tandem.v1 import generation_pb2 as pb
+from services.client_base import ClientBase, GenerationBase, not_ready
+from services.client_types import Delta, GenerateOptions, GenerationResult, TandemError
 
 
 class SyncGeneration(GenerationBase):
@@ -73,12 +61,7 @@ class SyncGeneration(GenerationBase):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cancel()
 
 
@@ -89,12 +72,7 @@ class Client(ClientBase[SyncGeneration]):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -105,34 +83,6 @@ class Client(ClientBase[SyncGeneration]):
     ) -> GenerationResult:
         with self.generate(prompt, **options) as generation:
             return generation.collect()
-
-    def tokenize(
-        self,
-        text: str | None = None,
-        *,
-        messages: Sequence[Message] | None = None,
-        model: str = "",
-        timeout: float | None = None,
-    ) -> list[int]:
-        reply = self._unary(self._stub.Tokenize, tokenize_request(text, messages, model), timeout)
-        return list(reply.token_ids)
-
-    def detokenize(
-        self,
-        token_ids: Sequence[int],
-        *,
-        skip_special_tokens: bool = False,
-        model: str = "",
-        timeout: float | None = None,
-    ) -> str:
-        request = pb.DetokenizeRequest(
-            token_ids=token_ids, skip_special_tokens=skip_special_tokens, model=model
-        )
-        return str(self._unary(self._stub.Detokenize, request, timeout).text)
-
-    def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
-        reply = self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
-        return [ModelInfo.from_pb(m) for m in reply.models]
 
     def wait_ready(self, timeout: float, service: str = "") -> None:
         """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
@@ -158,8 +108,10 @@ class Client(ClientBase[SyncGeneration]):
         finally:
             ready.cancel()
 
-    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    def _unary(
+        self, method: Any, request: Any, timeout: float | None, value: Callable[[Any], Any]
+    ) -> Any:
         try:
-            return method(request, timeout=timeout, metadata=self._metadata())
+            return value(method(request, timeout=timeout, metadata=self._metadata()))
         except grpc.RpcError as err:
             raise TandemError.from_rpc(err) from None

@@ -1,21 +1,19 @@
 """What the tandem client speaks: plain dataclasses, its one error, and the request it builds.
 
-Shared by the async `TandemClient` and the blocking `Client` (their channel and Generate call too),
-so both convert protobuf at the same edge. Nothing here imports the engine: a client needs grpc
-and the generated protos only.
+Shared by the async `TandemClient` and the blocking `Client`, so both convert protobuf at the
+same edge. Nothing here imports the engine: a client needs grpc and the generated protos only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypedDict, TypeVar, Unpack
+from pathlib import Path
+from typing import Any, TypedDict, Unpack
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.v1 import generation_pb2 as pb
-from tandem.v1 import generation_pb2_grpc
 
 # The servers' limit too, so a long prompt's ids always fit in a message.
 MAX_MESSAGE_BYTES = 64 << 20
@@ -68,68 +66,30 @@ class GenerateOptions(TypedDict, total=False):
     metadata: Sequence[tuple[str, str]]
 
 
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-)
+# Options named as the request's fields (or its sampling's) are copied as they are.
+_REQUEST_FIELDS = frozenset(pb.GenerateRequest.DESCRIPTOR.fields_by_name)
+_SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)
 
 
 def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> pb.GenerateRequest:
     messages = options.get("messages")
     prompt_ids = options.get("prompt_ids")
-    given = [
-        name
-        for name, value in (
-            ("prompt", prompt),
-            ("messages", messages),
-            ("prompt_ids", prompt_ids),
-        )
-        if value is not None
-    ]
+    prompts = {"prompt": prompt, "messages": messages, "prompt_ids": prompt_ids}
+    given = [name for name, value in prompts.items() if value is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, messages, prompt_ids (got {given or None})")
-    request = pb.GenerateRequest(
-        stop=options.get("stop", ()),
-        stop_token_ids=options.get("stop_token_ids", ()),
-        ignore_eos=options.get("ignore_eos", False),
-        priority=options.get("priority", 0),
-        session_id=options.get("session_id", ""),
-        logprobs=options.get("logprobs", 0),
-        model=options.get("model", ""),
-        request_id=options.get("request_id", ""),
-        min_tokens=options.get("min_tokens", 0),
-        n=options.get("n", 1),
-    )
+    values: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    fields = {"n": 1, **{k: v for k, v in values.items() if k in _REQUEST_FIELDS}}
+    if sampling := {k: v for k, v in values.items() if k in _SAMPLING_FIELDS}:
+        fields["sampling"] = sampling
+    request = pb.GenerateRequest(**fields)
     if prompt is not None:
         request.text = prompt
     elif messages is not None:
         request.chat.CopyFrom(chat_to_pb(messages))
     elif prompt_ids is not None:
         request.token_ids.ids.extend(prompt_ids)
-    for name in _SAMPLING_FIELDS:
-        value = options.get(name)
-        if value is not None:
-            setattr(request.sampling, name, value)
-    request.sampling.logit_bias.update(options.get("logit_bias", {}))
-    max_tokens = options.get("max_tokens")
-    if max_tokens is not None:
-        request.max_tokens = max_tokens
     return request
-
-
-def call_metadata(
-    options: GenerateOptions, api_key: str | None = None
-) -> tuple[tuple[str, str], ...] | None:
-    extra = tuple(options.get("metadata") or ())
-    if api_key:
-        extra += (("authorization", f"Bearer {api_key}"),)
-    return extra or None
 
 
 @dataclass(frozen=True)
@@ -150,19 +110,13 @@ class Connection:
 
     def credentials(self) -> grpc.ChannelCredentials:
         def read(path: str | None) -> bytes | None:
-            if not path:
-                return None
-            with open(path, "rb") as f:
-                return f.read()
+            return Path(path).read_bytes() if path else None
 
         return grpc.ssl_channel_credentials(
             root_certificates=read(self.ssl_ca_certs),
             private_key=read(self.ssl_keyfile),
             certificate_chain=read(self.ssl_certfile),
         )
-
-    def metadata(self) -> tuple[tuple[str, str], ...] | None:
-        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
 
 
 def chat_to_pb(messages: Sequence[Message]) -> pb.ChatMessages:
@@ -304,90 +258,3 @@ class ModelInfo:
         return cls(
             msg.name, msg.context_length, msg.vocab_size, msg.weight_format, msg.device, msg.dtype
         )
-
-
-def tokenize_request(
-    text: str | None, messages: Sequence[Message] | None, model: str
-) -> pb.TokenizeRequest:
-    if (text is None) == (messages is None):
-        raise ValueError("give exactly one of text, messages")
-    if messages is not None:
-        return pb.TokenizeRequest(chat=chat_to_pb(messages), model=model)
-    return pb.TokenizeRequest(text=text, model=model)
-
-
-def not_ready(err: grpc.RpcError, address: str, timeout: float) -> TandemError:
-    error = TandemError.from_rpc(err)
-    if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return TandemError(error.code, f"{address} was not ready within {timeout:g} s")
-    return error
-
-
-class GenerationBase:
-    """What a message read, the stream's end or its error does to a Generate call's totals."""
-
-    def __init__(self, call: Any, n: int = 1) -> None:
-        self._call = call
-        self._done = False
-        self.result = GenerationResult(n=n)
-
-    def _take(self, msg: pb.GenerateResponse | None) -> Delta | None:
-        """One message read (None: the stream ended with OK); the delta it carries, if any."""
-        if msg is None:
-            self._done = True
-            self.result.check_finished()
-            return None
-        return self.result.add(msg)
-
-    def _failed(self, err: grpc.RpcError) -> TandemError:
-        self._done = True
-        return TandemError.from_rpc(err)
-
-    def cancel(self) -> None:
-        if not self._done:
-            self._done = True
-            self._call.cancel()
-
-
-G = TypeVar("G", bound=GenerationBase)
-
-
-class ClientBase(Generic[G]):
-    """One channel to a tandem server. `channels`: `grpc.aio` or `grpc` (the same constructors);
-    `generation`: the class that reads a Generate call made on it."""
-
-    channels: Any
-    generation: type[G]
-
-    def __init__(
-        self, address: str, api_key: str | None = None, connection: Connection | None = None
-    ) -> None:
-        """`api_key`: sent as `authorization: Bearer KEY`; `connection`: TLS (and a key)."""
-        self.address = address
-        self.connection = connection or Connection()
-        self._api_key = api_key or self.connection.api_key
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        if self.connection.secure:
-            credentials = self.connection.credentials()
-            self._channel = self.channels.secure_channel(address, credentials, options)
-        else:
-            self._channel = self.channels.insecure_channel(address, options)
-        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> G:
-        """Start a generation (the call begins at once; iterate the result to read it)."""
-        request = generate_request(prompt, **options)
-        call = self._stub.Generate(
-            request, timeout=options.get("timeout"), metadata=call_metadata(options, self._api_key)
-        )
-        return self.generation(call, request.n or 1)
-
-    def _watch(self, timeout: float, service: str) -> Any:
-        # Watch, not a loop of Checks: the server pushes each change, and wait_for_ready rides
-        # out a server that is not listening yet.
-        request = health_pb2.HealthCheckRequest(service=service)
-        return self._health.Watch(request, timeout=timeout, wait_for_ready=True)
-
-    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
-        return call_metadata({}, self._api_key)

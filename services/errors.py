@@ -24,20 +24,20 @@ class ServiceError(Exception):
             self.code = code
 
 
-class InvalidArgument(ServiceError):
+class _FieldError(ServiceError):
+    """An error in one field of a request, which its message names first."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class InvalidArgument(_FieldError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
-
-class NotFound(ServiceError):
+class NotFound(_FieldError):
     code = grpc.StatusCode.NOT_FOUND
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 class Unauthenticated(ServiceError):

@@ -21,9 +21,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m services.healthcheck", description=__doc__)
     parser.add_argument("address", help="HOST:PORT of a tandem process's gRPC server")
     parser.add_argument(
-        "--service",
-        default="",
-        help="a service name to ask about (default: the whole process)",
+        "--service", default="", help="a service name to ask about (default: the whole process)"
     )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
     return parser.parse_args(argv)

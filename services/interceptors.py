@@ -46,6 +46,15 @@ async def _refuse(request: Any, context: aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
+async def _abort_with(context: aio.ServicerContext, err: Exception, method: str) -> None:
+    status = status_of(err)
+    if status is None:
+        log.exception("internal error in %s", method)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
+    else:
+        await context.abort(*status)
+
+
 def _checked(behavior: Callable[..., Any]) -> Callable[..., Any]:
     """grpc's own servicers (health) with undecodable requests refused; they are coroutines,
     streaming or not (a streaming one writes with context.write)."""
@@ -57,15 +66,6 @@ def _checked(behavior: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
-async def _abort_with(context: aio.ServicerContext, err: Exception, method: str) -> None:
-    status = status_of(err)
-    if status is None:
-        log.exception("internal error in %s", method)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
-    else:
-        await context.abort(*status)
-
-
 class ErrorInterceptor(aio.ServerInterceptor):
     async def intercept_service(
         self,
@@ -73,48 +73,38 @@ class ErrorInterceptor(aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        method = details.method
         if handler is None or handler.request_streaming:
             return handler
-        parse = _tolerant(handler.request_deserializer)
+        method = details.method
+        kind = "unary_unary" if handler.unary_unary is not None else "unary_stream"
+        inner = getattr(handler, kind)
         # Health and reflection are grpc's own servicers (and stream with context.write).
         if method.startswith("/grpc."):
-            kind = "unary_unary" if handler.unary_unary is not None else "unary_stream"
-            behavior = getattr(handler, kind)
-            if not inspect.iscoroutinefunction(behavior):
+            if not inspect.iscoroutinefunction(inner):
                 return handler
-            return handler._replace(request_deserializer=parse, **{kind: _checked(behavior)})
-        if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
+            wrapped = _checked(inner)
+        elif kind == "unary_unary":
 
-            async def unary_unary(request: Any, context: aio.ServicerContext) -> Any:
+            async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
                 await _refuse(request, context)
                 try:
-                    return await inner_uu(request, context)
+                    return await inner(request, context)
                 except aio.AbortError:
                     raise
                 except Exception as err:  # mapped to a status, never sent as str(err) blindly
                     await _abort_with(context, err, method)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, parse, handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
+        else:
 
-            async def unary_stream(
-                request: Any, context: aio.ServicerContext
-            ) -> AsyncIterator[Any]:
+            async def wrapped(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
                 await _refuse(request, context)
                 try:
-                    async for item in inner_us(request, context):
+                    async for item in inner(request, context):
                         yield item
                 except aio.AbortError:
                     raise
                 except Exception as err:
                     await _abort_with(context, err, method)
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream, parse, handler.response_serializer
-            )
-        return handler
+        parse = _tolerant(handler.request_deserializer)
+        return handler._replace(request_deserializer=parse, **{kind: wrapped})

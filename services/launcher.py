@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import os
 import signal
 import socket
 import sys
@@ -227,10 +226,3 @@ async def wait_serving(address: str, timeout_s: float) -> None:
         finally:
             watch.cancel()
         raise TimeoutError(f"{address} stopped answering health checks")
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(extra or {})
-    return env

@@ -1,12 +1,6 @@
-"""What every process is: settings read at its edge, then one lifecycle around what it serves.
-
-main(role, Config, serve)   logging, settings from flags / --config / environment, exit 2
-                            naming a bad setting, then the event loop (uvloop)
-run_service(...)            reap what crashed processes left in /dev/shm, start tracing and
-                            metrics, build the service, serve gRPC with health and reflection
-                            (NOT_SERVING until the service has started), wait for SIGINT or
-                            SIGTERM, go NOT_SERVING, stop the server within the service's
-                            grace, stop the service, stop metrics, flush traces
+"""What every process is: settings read at its edge (`main`), then one lifecycle around what it
+serves (`run_service`): health NOT_SERVING until its service has started, and on SIGINT or
+SIGTERM NOT_SERVING again, the server stopped within the service's grace, then the service.
 """
 
 from __future__ import annotations
@@ -25,11 +19,12 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from engine.errors import EngineError
-from services.health import Health
+from services.client_types import MAX_MESSAGE_BYTES
 from services.interceptors import ErrorInterceptor
 from services.settings import parse
 from services.telemetry.config import TelemetryConfig
@@ -66,7 +61,23 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
     )
 
 
-MAX_MESSAGE_BYTES = 64 << 20
+class Health(HealthServicer):
+    """grpc's health service, whose NOT_FOUND for a service it does not know says which (grpc's
+    own gives no details)."""
+
+    def __init__(self, services: Sequence[str]) -> None:
+        super().__init__()
+        self.services = frozenset(("", *services))
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        if request.service not in self.services:
+            known = ", ".join(repr(s) for s in sorted(self.services))
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"service {request.service!r} is not one of {known}"
+            )
+        return await super().Check(request, context)
 
 
 @dataclass
@@ -74,15 +85,11 @@ class RunningServer:
     server: aio.Server
     health: Health
     port: int
-    service_names: Sequence[str]
 
     async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", *self.service_names):
+        statuses = health_pb2.HealthCheckResponse
+        status = statuses.SERVING if serving else statuses.NOT_SERVING
+        for name in self.health.services:
             await self.health.set(name, status)
 
     async def stop(self, grace: float) -> None:
@@ -128,7 +135,7 @@ async def start_server(
     if admin_address and server.add_insecure_port(admin_address) == 0:
         raise OSError(f"could not bind {admin_address}")
     await server.start()
-    running = RunningServer(server, health, port, service_names)
+    running = RunningServer(server, health, port)
     await running.set_serving(serving)
     return running
 
@@ -222,12 +229,11 @@ def main(
     config_type: type[C],
     serve: Callable[[C], Coroutine[Any, Any, int]],
     description: str | None,
-    argv: Sequence[str] | None = None,
 ) -> int:
     """`python -m services.ROLE`: its settings, then `serve(config)` on the event loop."""
     setup_logging(role)
     try:
-        config = settings_of(role, config_type, argv, description or "")
+        config = settings_of(role, config_type, None, description or "")
     except (ValueError, EngineError) as err:
         print(f"{role}: error: {err}", file=sys.stderr)
         return 2

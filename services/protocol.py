@@ -34,11 +34,10 @@ from typing import Any
 from engine.sampling_params import SamplingParams
 from tandem.internal.v1 import hotpath_pb2 as hp
 
-# The token a row carries when the scheduler does not know it yet (async scheduling). The worker
-# replaces it with the token it sampled for the same sequence in the plan just before this one
-# (step_id - 1), on the host when it builds the step's inputs. It is only ever the single token
-# of a decode row, and the previous plan always has a row for that sequence that samples (if the
-# worker failed that row, the sequence fails with it and this row's result is dropped).
+# The one token of a decode row the scheduler does not know yet (async scheduling): the worker
+# puts in the token it sampled for that sequence in plan step_id - 1, on the host as it builds
+# the step's inputs. That plan always has a sampling row for it (if the worker failed that row,
+# the sequence fails with it and this row's result is dropped).
 PLACEHOLDER = -1
 
 
@@ -89,10 +88,6 @@ class StepPlan:
     # cost model's inputs.
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
 
     @property
     def num_seqs(self) -> int:
@@ -222,18 +217,14 @@ def decode_outcome(outcome: hp.StepOutcome) -> tuple[StepResult, TopLogprobs]:
     return StepResult(step_id=outcome.step_id, sampled=sampled, failed=failed), top
 
 
+# The sampling fields that cross as they are (not seed, logit_bias or stop_token_ids).
+_SCALARS = set(hp.Sampling.DESCRIPTOR.fields_by_name) - {"seed", "logit_bias", "stop_token_ids"}
+
+
 def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
     msg = hp.Sampling(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        repetition_penalty=params.repetition_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        logprobs=params.logprobs,
+        **{name: getattr(params, name) for name in _SCALARS},
         logit_bias=dict(params.logit_bias),
-        min_tokens=params.min_tokens,
         stop_token_ids=params.stop_token_ids if params.min_tokens else (),
     )
     if params.seed is not None:
@@ -242,18 +233,12 @@ def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
 
 
 def sampling_from_pb(msg: hp.Sampling) -> SamplingParams:
+    scalars = {name: getattr(msg, name) for name in _SCALARS}
     # float32 on the wire: round to what a float32 holds, so 0.9 stays within top_p's (0, 1].
+    scalars["top_p"] = min(msg.top_p, 1.0)
     return SamplingParams(
-        temperature=msg.temperature,
-        top_p=min(msg.top_p, 1.0),
-        top_k=msg.top_k,
-        min_p=msg.min_p,
-        repetition_penalty=msg.repetition_penalty,
-        presence_penalty=msg.presence_penalty,
-        frequency_penalty=msg.frequency_penalty,
+        **scalars,
         seed=msg.seed if msg.HasField("seed") else None,
-        logprobs=msg.logprobs,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
-        min_tokens=msg.min_tokens,
         stop_token_ids=tuple(msg.stop_token_ids),
     )

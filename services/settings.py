@@ -27,19 +27,11 @@ T = TypeVar("T")
 
 
 def flag(
-    default: T,
-    help: str,
-    *,
-    env: str | None = None,
-    choices: Sequence[str] | None = None,
+    default: T, help: str, *, env: str | None = None, choices: Sequence[str] | None = None
 ) -> T:
     """A settings field: `max_num_seqs: int = flag(256, "sequences per step")`."""
     metadata = {"help": help, "env": env, "choices": choices}
     return cast(T, dataclasses.field(default=default, metadata=metadata))
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
 
 
 def _is_section(kind: Any) -> bool:
@@ -76,7 +68,7 @@ class _Repeat(argparse.Action):
 def flags_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], type]]:
     """Every flag of `cls`, sections flattened: name -> (its field, its scalar type)."""
     out: dict[str, tuple[dataclasses.Field[Any], type]] = {}
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         if _is_section(kind):
@@ -94,7 +86,7 @@ def add_flags(
 ) -> None:
     """`cls`'s flags on `parser`; each section's in a group of its own name in --help."""
     flags_of(cls)  # refuses two settings of one name
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         if _is_section(kind):
@@ -116,20 +108,15 @@ def _add_flag(
     default = _default(f, kind, env)
     flag = "--" + f.name.replace("_", "-")
     help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
+    options: dict[str, Any] = {"dest": f.name, "default": default, "help": help_text}
     if kind is bool:
-        parser.add_argument(
-            flag, dest=f.name, default=default, help=help_text,
-            action=argparse.BooleanOptionalAction,
-        )  # fmt: skip
+        options["action"] = argparse.BooleanOptionalAction
     elif kind is tuple:
-        parser.add_argument(
-            flag, dest=f.name, default=default, action=_Repeat, help=help_text + " (repeatable)"
-        )
+        options.update(action=_Repeat, help=help_text + " (repeatable)")
     else:
-        parser.add_argument(
-            flag, dest=f.name, default=default, type=kind, choices=meta["choices"],
-            help=help_text + ("" if default in (None, "") else f" [default: {default}]"),
-        )  # fmt: skip
+        shown = "" if default in (None, "") else f" [default: {default}]"
+        options.update(type=kind, choices=meta["choices"], help=help_text + shown)
+    parser.add_argument(flag, **options)
 
 
 def _default(f: dataclasses.Field[Any], kind: type, env: Mapping[str, str]) -> Any:
@@ -155,7 +142,7 @@ def _default(f: dataclasses.Field[Any], kind: type, env: Mapping[str, str]) -> A
 
 def build(cls: type[T], values: Mapping[str, Any]) -> T:
     """An instance of `cls` from flat values (by flag name); sections are built in turn."""
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         kind = hints[f.name]
@@ -191,37 +178,26 @@ def read_file(path: Path, cls: type) -> dict[str, Any]:
                 flat[name] = value
 
     walk(data)
-    known = flags_of(cls)
-    unknown = sorted(set(flat) - set(known))
-    if unknown:
+    if unknown := sorted(set(flat) - set(flags_of(cls))):
         raise ValueError(f"{path}: unknown settings {', '.join(unknown)}")
     return flat
 
 
 def parse(
-    cls: type[T],
-    argv: Sequence[str] | None,
-    env: Mapping[str, str],
-    *,
-    prog: str,
-    description: str,
-    extra: Mapping[str, Any] | None = None,
+    cls: type[T], argv: Sequence[str] | None, env: Mapping[str, str], *, prog: str, description: str
 ) -> T:
     """Settings from the command line, a --config file and the environment; ValueError names
-    a bad value. `extra` supplies fields that are not flags (the caller's, e.g. resolved)."""
+    a bad value."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument(
-        "--config",
-        type=Path,
-        help="a YAML or JSON file of settings (flags on the command line win)",
-    )
+    help_text = "a YAML or JSON file of settings (flags on the command line win)"
+    parser.add_argument("--config", type=Path, help=help_text)
     add_flags(parser, cls, env)
     known, _ = parser.parse_known_args(argv)
     if known.config is not None:
         parser.set_defaults(**read_file(known.config, cls))
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if not k.startswith("_")}
     args.pop("config")
-    return build(cls, {**args, **(extra or {})})
+    return build(cls, args)
 
 
 def values_of(config: Any) -> dict[str, Any]:

@@ -1,8 +1,7 @@
 """What a process's telemetry is configured with: its flags over the standard OTEL_* variables.
 
-Settings (services/settings.py) read once in each process's `__main__`: flags first, then its
-config file, then the environment, then defaults. Tracing is off, with no exporter at all,
-unless an OTLP endpoint is configured and `OTEL_SDK_DISABLED` is not true.
+Tracing is off, with no exporter at all, unless an OTLP endpoint is configured and
+`OTEL_SDK_DISABLED` is not true.
 """
 
 from __future__ import annotations
@@ -12,14 +11,9 @@ from dataclasses import dataclass, field
 from services.settings import flag
 
 PROTOCOLS = ("grpc", "http/protobuf")
-SAMPLERS = (
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-)
+# OTEL_TRACES_SAMPLER's names: each root sampler, alone or under ParentBased.
+ROOT_SAMPLERS = ("always_on", "always_off", "traceidratio")
+SAMPLERS = (*ROOT_SAMPLERS, *(f"parentbased_{name}" for name in ROOT_SAMPLERS))
 DEFAULT_SAMPLER = "parentbased_always_on"
 
 

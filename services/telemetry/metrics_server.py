@@ -7,9 +7,11 @@ daemon thread: a scrape never runs on the event loop.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -39,15 +41,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 def token_buckets(max_len: int) -> tuple[float, ...]:
     """1, 2, 5, 10, 20, 50, ... up to `max_len` (vLLM's 1-2-5 series)."""
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for m in (1, 2, 5):
-            value = m * 10**exponent
-            if value > max_len:
-                return tuple(out)
-            out.append(value)
-        exponent += 1
+    series = (m * 10**exponent for exponent in itertools.count() for m in (1, 2, 5))
+    return tuple(itertools.takewhile(lambda value: value <= max_len, series))
 
 
 class Families:
@@ -68,11 +63,11 @@ class Families:
         )
 
 
+@dataclass
 class MetricsServer:
-    def __init__(self, server: WSGIServer, thread: threading.Thread, port: int) -> None:
-        self.server = server
-        self.thread = thread
-        self.port = port
+    server: WSGIServer
+    thread: threading.Thread
+    port: int
 
     @classmethod
     def start(cls, host: str, port: int, registry: CollectorRegistry) -> MetricsServer | None:

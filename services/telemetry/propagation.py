@@ -27,10 +27,7 @@ def traceparent_of(ctx: SpanContext) -> str:
 
 def context_of(traceparent: str) -> Context | None:
     """The context to start a child span in, from a `traceparent`; None if empty or malformed."""
-    if not traceparent:
-        return None
-    ctx = _W3C.extract({"traceparent": traceparent}, _ROOT)
-    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+    return _extract({"traceparent": traceparent}) if traceparent else None
 
 
 def span_context_of(traceparent: str) -> SpanContext | None:
@@ -50,8 +47,10 @@ def context_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) ->
         for k, v in metadata or ()
         if k in ("traceparent", "tracestate")
     }
-    if "traceparent" not in carrier:
-        return None
+    return _extract(carrier) if "traceparent" in carrier else None
+
+
+def _extract(carrier: dict[str, str]) -> Context | None:
     ctx = _W3C.extract(carrier, _ROOT)
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 

@@ -42,19 +42,12 @@ FLUSH_TIMEOUT_MS = 5000
 
 
 def make_sampler(name: str, ratio: float) -> Sampler:
-    if name == "always_on":
-        return ALWAYS_ON
-    if name == "always_off":
-        return ALWAYS_OFF
-    if name == "traceidratio":
-        return TraceIdRatioBased(ratio)
-    if name == "parentbased_always_on":
-        return ParentBased(ALWAYS_ON)
-    if name == "parentbased_always_off":
-        return ParentBased(ALWAYS_OFF)
-    if name == "parentbased_traceidratio":
-        return ParentBased(TraceIdRatioBased(ratio))
-    raise ValueError(f"unknown trace sampler {name!r}")
+    roots = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF, "traceidratio": None}
+    root = name.removeprefix("parentbased_")
+    if root not in roots:
+        raise ValueError(f"unknown trace sampler {name!r}")
+    sampler = roots[root] or TraceIdRatioBased(ratio)
+    return ParentBased(sampler) if root != name else sampler
 
 
 def make_exporter(config: TracingSettings) -> SpanExporter:
