@@ -1,8 +1,5 @@
-"""Admission: which waiting requests join the step being built, and what they displace.
-
-These functions are the second and third passes of `Scheduler.schedule` (see scheduler.py); they
-work on the scheduler's state directly and on a StepBuilder that holds the step so far.
-"""
+"""Admission: which waiting requests join the step being built, and what they displace (the
+second and third passes of `Scheduler.schedule`, see scheduler.py)."""
 
 from __future__ import annotations
 

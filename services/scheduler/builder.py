@@ -1,4 +1,4 @@
-"""The step being built, in the plan's columns (see plan.py), by the passes of `schedule()`.
+"""The step being built, in the plan's columns (see protocol.py), by the passes of `schedule()`.
 
 Rows come in two sections: single-token decodes first, then prefill chunks, each in the order
 the passes add them (priority order). A decode row always has one token and always samples, so
@@ -9,6 +9,7 @@ Decodes first is also the order attention kernels want (vLLM reorders its batch 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -19,61 +20,38 @@ _seq_id = attrgetter("seq_id")
 _block_table = attrgetter("block_table")
 
 
+@dataclass(slots=True)
 class StepBuilder:
-    __slots__ = (
-        "budget",
-        "chunked",
-        "decode_reqs",
-        "decode_starts",
-        "decode_tokens",
-        "floor_priority",
-        "lower_prefill_left",
-        "lower_prefill_limit",
-        "new_sampling",
-        "outranked_decodes",
-        "prefill_counts",
-        "prefill_reqs",
-        "prefill_samples",
-        "prefill_starts",
-        "prefill_tokens",
-        "prefill_top",
-        "yield_below",
-    )
+    budget: int
+    # Prefill of priority below `yield_below` shares `lower_prefill_left` tokens in this
+    # step (`lower_priority_prefill_tokens`); None: no such limit.
+    yield_below: int | None = None
+    lower_prefill_limit: int = 0
+    chunked: bool = True
+    lower_prefill_left: int = field(init=False)
+    # Decode rows: the request, the position of its one token, that token.
+    decode_reqs: list[RequestState] = field(default_factory=list)
+    decode_starts: list[int] = field(default_factory=list)
+    decode_tokens: list[int] = field(default_factory=list)
+    # Prefill rows: the request, the chunk's start, its tokens (flat) and count, whether
+    # the chunk reaches the end of the known tokens and samples.
+    prefill_reqs: list[RequestState] = field(default_factory=list)
+    prefill_starts: list[int] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    prefill_counts: list[int] = field(default_factory=list)
+    prefill_samples: list[bool] = field(default_factory=list)
+    # Sampling parameters of the requests admitted (or resumed) in this step.
+    new_sampling: dict[int, Any] = field(default_factory=dict)
+    # (priority, effective priority) of the most important prefill in the step so far.
+    prefill_top: tuple[int, float] | None = None
+    # The waiting head's priority when the step began, and how many decodes in the step
+    # are of lower priority: a prefill at that priority is not charged for them, so its
+    # step is about as long as on an idle worker (`isolate_priority_prefill`).
+    floor_priority: int | None = None
+    outranked_decodes: int = 0
 
-    def __init__(
-        self,
-        budget: int,
-        yield_below: int | None = None,
-        lower_prefill: int = 0,
-        chunked: bool = True,
-    ) -> None:
-        # Decode rows: the request, the position of its one token, that token.
-        self.decode_reqs: list[RequestState] = []
-        self.decode_starts: list[int] = []
-        self.decode_tokens: list[int] = []
-        # Prefill rows: the request, the chunk's start, its tokens (flat) and count, whether
-        # the chunk reaches the end of the known tokens and samples.
-        self.prefill_reqs: list[RequestState] = []
-        self.prefill_starts: list[int] = []
-        self.prefill_tokens: list[int] = []
-        self.prefill_counts: list[int] = []
-        self.prefill_samples: list[bool] = []
-        # Sampling parameters of the requests admitted (or resumed) in this step.
-        self.new_sampling: dict[int, Any] = {}
-        self.budget = budget
-        # (priority, effective priority) of the most important prefill in the step so far.
-        self.prefill_top: tuple[int, float] | None = None
-        # The waiting head's priority when the step began, and how many decodes in the step
-        # are of lower priority: a prefill at that priority is not charged for them, so its
-        # step is about as long as on an idle worker (`isolate_priority_prefill`).
-        self.floor_priority: int | None = None
-        self.outranked_decodes = 0
-        # Prefill of priority below `yield_below` shares `lower_prefill_left` tokens in this
-        # step (`lower_priority_prefill_tokens`); None: no such limit.
-        self.yield_below = yield_below
-        self.lower_prefill_left = lower_prefill
-        self.lower_prefill_limit = lower_prefill
-        self.chunked = chunked
+    def __post_init__(self) -> None:
+        self.lower_prefill_left = self.lower_prefill_limit
 
     @property
     def num_rows(self) -> int:

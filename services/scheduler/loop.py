@@ -78,21 +78,6 @@ class StepLoop:
             asyncio.create_task(self._receive_loop()),
         ]
 
-    async def _connect(self) -> None:
-        self.ready.clear()
-        self.model = await self.link.connect()
-        # A new worker has an empty KV cache: the accounts start over.
-        self.core = Scheduler(self.make_config(self.model))
-        self.telemetry.on_model(self.model.name)
-        self.ready.set()
-        log.info(
-            "worker ready: %s, %d KV blocks of %d",
-            self.model.name,
-            self.model.num_kv_blocks,
-            self.model.block_size,
-        )
-        self.wake.set()
-
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -224,7 +209,19 @@ class StepLoop:
         task would leave the scheduler without a worker for good, and say nothing."""
         while True:
             try:
-                await self._connect()
+                self.ready.clear()
+                self.model = await self.link.connect()
+                # A new worker has an empty KV cache: the accounts start over.
+                self.core = Scheduler(self.make_config(self.model))
+                self.telemetry.on_model(self.model.name)
+                self.ready.set()
+                log.info(
+                    "worker ready: %s, %d KV blocks of %d",
+                    self.model.name,
+                    self.model.num_kv_blocks,
+                    self.model.block_size,
+                )
+                self.wake.set()
                 return
             except WorkerGone as err:
                 log.warning("no worker attached at %s (%s); trying again", self.link.address, err)
@@ -241,43 +238,32 @@ class StepLoop:
         self.telemetry.on_events(events)
         batches: dict[str, hp.EventBatch] = {}
         entries: dict[int, hp.RequestEvents] = {}
-
-        def entry(seq_id: int) -> hp.RequestEvents | None:
-            if seq_id in entries:
-                return entries[seq_id]
-            record = self.records.get(seq_id)
-            if record is None:
-                return None
-            batch = batches.get(record.tokenizer_id)
-            if batch is None:
-                batch = batches[record.tokenizer_id] = hp.EventBatch(step_id=step_id)
-            e = entries[seq_id] = batch.requests.add(request_id=record.request_id)
-            return e
-
         for event in events:
+            record = self.records.get(event.seq_id)
+            if record is None or not isinstance(event, Token | Finished | Scheduled):
+                continue
+            e = entries.get(event.seq_id)
+            if e is None:
+                batch = batches.get(record.tokenizer_id)
+                if batch is None:
+                    batch = batches[record.tokenizer_id] = hp.EventBatch(step_id=step_id)
+                e = entries[event.seq_id] = batch.requests.add(request_id=record.request_id)
             if isinstance(event, Token):
-                e = entry(event.seq_id)
-                if e is None:
-                    continue
                 e.token_ids.append(event.token_id)
                 e.logprobs.append(event.logprob)
-                self.records[event.seq_id].output_ids.append(event.token_id)
+                record.output_ids.append(event.token_id)
                 if top is not None and event.seq_id in top:
                     for token_id, logprob in top[event.seq_id]:
                         e.top_ids.append(token_id)
                         e.top_logprobs.append(logprob)
             elif isinstance(event, Finished):
-                e = entry(event.seq_id)
-                if e is not None:
-                    e.finish_reason = event.reason
-                    e.error = event.message
-                    record = self.records.pop(event.seq_id)
-                    self.seq_ids.pop(record.request_id, None)
-            elif isinstance(event, Scheduled):
-                e = entry(event.seq_id)
-                if e is not None:
-                    e.cached_prompt_tokens = event.num_cached_tokens
-                    e.queue_s = event.queue_s
+                e.finish_reason = event.reason
+                e.error = event.message
+                del self.records[event.seq_id]
+                self.seq_ids.pop(record.request_id, None)
+            else:
+                e.cached_prompt_tokens = event.num_cached_tokens
+                e.queue_s = event.queue_s
         if self.core is not None:
             stats = self.core.stats()
             for batch in batches.values():

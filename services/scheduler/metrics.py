@@ -90,10 +90,8 @@ class SchedulerMetrics:
         m = model_name
         self.running, self.waiting = self._running.labels(m), self._waiting.labels(m)
         self.kv_usage = self._kv_usage.labels(m)
-        self.prefix_queries, self.prefix_hits = (
-            self._prefix_queries.labels(m),
-            self._prefix_hits.labels(m),
-        )
+        self.prefix_queries = self._prefix_queries.labels(m)
+        self.prefix_hits = self._prefix_hits.labels(m)
         self.preemptions, self.steps = self._preemptions.labels(m), self._steps.labels(m)
         self.queue_time, self.prefill_time = self._queue.labels(m), self._prefill.labels(m)
         self.decode_time, self.inference_time = self._decode.labels(m), self._inference.labels(m)

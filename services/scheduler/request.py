@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.protocol import PLACEHOLDER
@@ -37,53 +37,64 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass(eq=False, slots=True)
 class RequestState:
-    # Mutable and slotted: the hot loops of `schedule()` and `update()` read these fields per
-    # sequence per step.
-    __slots__ = (
-        "arrival_time",
-        "block_hashes",
-        "block_ids",
-        "block_size",
-        "block_table",
-        "capacity",
-        "deadline",
-        "decode_limit",
-        "decoding",
-        "enqueue_time",
-        "hash_blocks",
-        "known_to_worker",
-        "last_pos",
-        "last_token",
-        "long_prefill",
-        "max_tokens",
-        "num_computed_tokens",
-        "num_preemptions",
-        "num_prompt_tokens",
-        "num_registered_blocks",
-        "order",
-        "priority",
-        "rank",
-        "request",
-        "sampling",
-        "seq_id",
-        "session_id",
-        "status",
-        "stop_token_ids",
-        "token_ids",
-        "valid_from",
-        "waited_s",
-    )
+    # Slotted: the hot loops of `schedule()` and `update()` read these fields per sequence per step.
+    request: Request
+    arrival_time: float
+    # Tie-break for FCFS: submission order, unique per scheduler.
+    order: int
+    block_size: int
+    hash_blocks: bool = True
+    # The request's fields, copied: read per step.
+    seq_id: int = field(init=False)
+    priority: int = field(init=False)
+    deadline: float | None = field(init=False)
+    session_id: str | None = field(init=False)
+    sampling: Any = field(init=False)
+    max_tokens: int = field(init=False)
+    stop_token_ids: frozenset[int] = field(init=False)
+    # The prompt followed by every generated token: what a resume must re-prefill.
+    token_ids: list[int] = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    # Position of the last token it may generate (max_tokens): a decode row there would
+    # sample past the end.
+    last_pos: int = field(init=False)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    # An immutable copy of block_ids, rebuilt only when a block is added: plans share it.
+    block_table: tuple[int, ...] = ()
+    # Tokens the blocks can hold: the hot loop's "does it need a block" test.
+    capacity: int = 0
+    # min(capacity, last_pos): one test in the hot loop for "needs a block or is done".
+    decode_limit: int = 0
+    # Chained hashes of every full block of token_ids, extended as tokens arrive.
+    block_hashes: list[bytes] = field(default_factory=list)
+    # How many leading blocks have been computed and offered to the prefix cache.
+    num_registered_blocks: int = 0
+    status: Status = Status.WAITING
+    enqueue_time: float = field(init=False)
+    # Time spent waiting before the current stay in the queue: aging counts waiting only.
+    waited_s: float = 0.0
+    # Effective priority, frozen while running: orders the running list and picks victims.
+    rank: float = field(init=False)
+    known_to_worker: bool = False
+    long_prefill: bool = False
+    num_preemptions: int = 0
+    # Everything but the newest token is computed: the next row is a one-token decode. Set
+    # when a row that samples is planned (the newest token may not be known yet: a plan in
+    # flight samples it), cleared when the request loses its blocks.
+    decoding: bool = False
+    # The newest token while decoding, or PLACEHOLDER while a plan in flight samples it:
+    # the one token of the next decode row.
+    last_token: int = PLACEHOLDER
+    # Rows of plans with a smaller step id were planned for blocks this request has since
+    # lost (finished, cancelled, preempted): their results are dropped. Set when it loses
+    # its blocks, to the id the next plan will get.
+    valid_from: int = 0
 
-    def __init__(
-        self,
-        request: Request,
-        arrival_time: float,
-        order: int,
-        block_size: int,
-        hash_blocks: bool = True,
-    ) -> None:
-        self.request = request
+    def __post_init__(self) -> None:
+        request = self.request
         self.seq_id = request.seq_id
         self.priority = request.priority
         self.deadline = request.deadline
@@ -91,50 +102,12 @@ class RequestState:
         self.sampling = request.sampling
         self.max_tokens = request.max_tokens
         self.stop_token_ids = request.stop_token_ids
-        self.arrival_time = arrival_time
-        # Tie-break for FCFS: submission order, unique per scheduler.
-        self.order = order
-        self.block_size = block_size
-        # The prompt followed by every generated token: what a resume must re-prefill.
-        self.token_ids: list[int] = list(request.prompt_token_ids)
+        self.token_ids = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
-        # Position of the last token it may generate (max_tokens): a decode row there would
-        # sample past the end.
         self.last_pos = self.num_prompt_tokens + request.max_tokens - 1
-        self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
-        # An immutable copy of block_ids, rebuilt only when a block is added: plans share it.
-        self.block_table: tuple[int, ...] = ()
-        # Tokens the blocks can hold: the hot loop's "does it need a block" test.
-        self.capacity = 0
-        # min(capacity, last_pos): one test in the hot loop for "needs a block or is done".
-        self.decode_limit = 0
-        # Chained hashes of every full block of token_ids, extended as tokens arrive.
-        self.block_hashes: list[bytes] = []
-        self.hash_blocks = hash_blocks
-        self.extend_hashes()
-        # How many leading blocks have been computed and offered to the prefix cache.
-        self.num_registered_blocks = 0
-        self.status = Status.WAITING
-        self.enqueue_time = arrival_time
-        # Time spent waiting before the current stay in the queue: aging counts waiting only.
-        self.waited_s = 0.0
-        # Effective priority, frozen while running: orders the running list and picks victims.
+        self.enqueue_time = self.arrival_time
         self.rank = float(self.priority)
-        self.known_to_worker = False
-        self.long_prefill = False
-        self.num_preemptions = 0
-        # Everything but the newest token is computed: the next row is a one-token decode. Set
-        # when a row that samples is planned (the newest token may not be known yet: a plan in
-        # flight samples it), cleared when the request loses its blocks.
-        self.decoding = False
-        # The newest token while decoding, or PLACEHOLDER while a plan in flight samples it:
-        # the one token of the next decode row.
-        self.last_token = PLACEHOLDER
-        # Rows of plans with a smaller step id were planned for blocks this request has since
-        # lost (finished, cancelled, preempted): their results are dropped. Set when it loses
-        # its blocks, to the id the next plan will get.
-        self.valid_from = 0
+        self.extend_hashes()
 
     @property
     def num_output_tokens(self) -> int:

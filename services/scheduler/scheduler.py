@@ -7,7 +7,7 @@ recorded as an event (see events.py), handed out by `update()` and `drain_events
 
 Without `async_scheduling` it may plan when no plan is in flight. With it, also while one is
 (at most two in flight): plan N+1 is built from the accounts as plan N left them, as if every
-row of N that samples had produced its token (a PLACEHOLDER in N+1, see plan.py; its KV slot is
+row of N that samples had produced its token (a PLACEHOLDER in N+1, see protocol.py; its KV slot is
 already reserved, and a request whose last token N samples gets no row). What update(N) then
 reveals is reconciled without touching plan N+1: a request that finished (stop, length, error),
 was cancelled, expired or was preempted has its blocks freed at once, and its `valid_from`

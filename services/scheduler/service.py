@@ -109,10 +109,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             reply.kv_blocks_total, reply.kv_blocks_used = s.kv_blocks_total, s.kv_blocks_used
             reply.kv_blocks_cached = s.kv_blocks_cached
             reply.kv_blocks_session_pinned = s.kv_blocks_session_pinned
-            reply.prefix_cache_queries, reply.prefix_cache_hits = (
-                s.prefix_cache_queries,
-                s.prefix_cache_hits,
-            )
+            reply.prefix_cache_queries = s.prefix_cache_queries
+            reply.prefix_cache_hits = s.prefix_cache_hits
             reply.preemptions, reply.steps = s.num_preemptions, s.num_steps
             reply.finished.update(s.num_finished)
         return reply

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
@@ -44,29 +45,18 @@ from tandem.internal.v1 import hotpath_pb2 as hp
 _ERRORS = ("error", "deadline")
 
 
+@dataclass(slots=True)
 class _Request:
-    __slots__ = (
-        "attributes",
-        "first_token_t",
-        "parent",
-        "phase",
-        "phase_parent",
-        "sampled",
-        "scheduled_t",
-        "waiting",
-    )
-
-    def __init__(self, parent: Context | None, attributes: dict[str, str | int]) -> None:
-        self.parent = parent
-        self.attributes = attributes
-        self.phase: Span | None = None
-        # `traceparent` of the phase span, what a step record names as its parent.
-        self.phase_parent = ""
-        self.sampled = False
-        # The open `queue` span: first arrival, or the wait after a preemption.
-        self.waiting: Span | None = None
-        self.scheduled_t = 0.0
-        self.first_token_t = 0.0
+    parent: Context | None
+    attributes: dict[str, str | int]
+    phase: Span | None = None
+    # `traceparent` of the phase span, what a step record names as its parent.
+    phase_parent: str = ""
+    sampled: bool = False
+    # The open `queue` span: first arrival, or the wait after a preemption.
+    waiting: Span | None = None
+    scheduled_t: float = 0.0
+    first_token_t: float = 0.0
 
 
 class SchedulerTelemetry:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from services.process import Service, main, run_service, settings_of
 from services.telemetry.tracing import Tracing
 from services.worker.config import WorkerConfig
-from services.worker.runner import EXIT_RANK_GROUP_LOST
+from services.worker.runner import exit_group_lost
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -80,13 +80,9 @@ async def serve(config: WorkerConfig) -> int:
 
 
 def _exit_when_lost(engine: Engine) -> None:
-    """A rank of the group died: the worker exits now, not at its next step, so the launcher (or
-    the container's restart policy) starts it, and with it the whole group, again."""
     why = engine.wait_lost()
     if why is not None:
-        log.critical("%s; the worker exits", why)
-        engine.close()
-        os._exit(EXIT_RANK_GROUP_LOST)
+        exit_group_lost(engine, why)
 
 
 if __name__ == "__main__":

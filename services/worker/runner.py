@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -24,6 +25,15 @@ from tandem.internal.v1 import hotpath_pb2 as hp
 
 log = logging.getLogger(__name__)
 EXIT_RANK_GROUP_LOST = 3
+
+
+def exit_group_lost(engine: Engine, why: object) -> NoReturn:
+    """A rank of the group died: no step can run again. The worker exits at once, not at its next
+    step, so the scheduler fails what was in flight and the launcher (or the container's restart
+    policy) starts the worker, and with it the whole group, again."""
+    log.critical("%s; the worker exits", why)
+    engine.close()
+    os._exit(EXIT_RANK_GROUP_LOST)
 
 
 @dataclass
@@ -65,12 +75,7 @@ class StepRunner:
         try:
             outcome = self._run(desc)
         except RankGroupError as err:
-            # A rank of the group died: no step can run again. The worker exits at once, so the
-            # scheduler fails what was in flight and the launcher (or the container's restart
-            # policy) starts the worker, and with it the whole group, again.
-            log.critical("%s; the worker exits", err)
-            self.engine.close()
-            os._exit(EXIT_RANK_GROUP_LOST)
+            exit_group_lost(self.engine, err)
         except BaseException as err:
             self.telemetry.record(desc, None, start_ns, time.perf_counter() - started, err)
             self.telemetry.flush()
@@ -100,13 +105,11 @@ class StepRunner:
         except InvalidRequest as err:
             # A bad sequence fails the step's sequences, never the worker.
             failed.update((int(s.seq_id), str(err)) for s in batch)  # type: ignore[call-overload]
-            outcome.failed_seq_ids.extend(failed)
-            outcome.failed_reasons.extend(failed.values())
             outcome.error = str(err)
-            return outcome
+            outputs = []
         outcome.failed_seq_ids.extend(failed)
         outcome.failed_reasons.extend(failed.values())
-        top_n = max((o_len for o_len in (len(o.top_logprobs) for o in outputs)), default=0)
+        top_n = max((len(o.top_logprobs) for o in outputs), default=0)
         outcome.top_n = top_n
         for out in outputs:
             state = self.seqs.get(out.seq_id)  # type: ignore[call-overload]

@@ -24,9 +24,8 @@ _ROOT = Context()
 
 class WorkerTelemetry:
     def __init__(self, tracing: Tracing | None = None, metrics: WorkerMetrics | None = None):
-        self.tracing = tracing or Tracing.off()
-        self.tracer = self.tracing.tracer
-        self.tracing_on = self.tracing.enabled
+        tracing = tracing or Tracing.off()
+        self.tracer, self.tracing_on = tracing.tracer, tracing.enabled
         self.metrics = metrics or WorkerMetrics("")
         self.links: dict[int, Link] = {}
         self.pending: list[_Step] = []

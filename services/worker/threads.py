@@ -1,12 +1,9 @@
 """How many CPU threads each step's model work gets.
 
-A one-row decode step is hundreds of tiny ops; between their parallel regions a second OpenMP
-thread either sleeps and must be woken for the next (GOMP's default, slower than spinning), or
-spins and takes the core that the tokenizer, scheduler and client need (`OMP_WAIT_POLICY=ACTIVE`,
-far slower through the pipeline). Giving the other processes lower priority (nice 19,
-SCHED_IDLE) changed nothing. So small decode steps leave a core to the other processes; batched
-steps and prefills, which the extra threads speed up nearly linearly, take them all. The
-measurements behind the threshold: bench/RESULTS-cpu.md ("Threads per step").
+Between the tiny ops of a one-row decode step a second OpenMP thread either sleeps and must be
+woken, or spins on the core the tokenizer, scheduler and client need (nice 19 or SCHED_IDLE for
+them does not help). So small decode steps leave a core to the other processes; batched steps
+and prefills take them all. Measured in bench/RESULTS-cpu.md ("Threads per step").
 """
 
 from __future__ import annotations
