@@ -1,6 +1,6 @@
-"""The tensor-core int8 products (engine/kernels/row_gemv_tc.py) where no GPU is: which products
-may take them, and that the kernel builds for Hopper as designed. Their arithmetic is checked
-on the GPU (tests/gpu/test_cuda.py: test_tensor_core_int8_products_match_reference)."""
+"""The tensor-core int8 and fp8 products (engine/kernels/row_gemv_tc.py) where no GPU is: which
+products may take them, and that the kernel builds for Hopper as designed. Their arithmetic is
+checked on the GPU (tests/gpu/test_cuda.py: test_tensor_core_int8_products_match_reference)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,14 @@ def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
     mma, frag, loaded, inputs = tc._layouts(tc.BK, tc.WARPS)
     pointers = {"x_ptr": "*bf16", "g_ptr": "*bf16", "sq_ptr": "*fp32", "w_ptr": "*i32",
                 "s_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
-    for epilogue, n_sq in ((tc.SWIGLU, 256), (tc.STORE, 0)):
+    for epilogue, n_sq, fp8 in (
+        (tc.SWIGLU, 256, False),
+        (tc.STORE, 0, False),
+        (tc.SWIGLU, 0, True),
+    ):
         constants = dict(
             K=k, N_SQ=n_sq, EPILOGUE=epilogue, TN=tc.BN, TK=tc.BK, PDL=True, MMA=mma,
-            FRAG=frag, LOADED=loaded, INPUTS=inputs,
+            FRAG=frag, LOADED=loaded, INPUTS=inputs, FP8=fp8,
         )  # fmt: skip
         signature = {**pointers, "N": "i32", "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
         fn = tc._row_gemv_tc
@@ -51,6 +55,8 @@ def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
         # A tile is BK / 16 m16n8k16 steps a warp; the loop and its two peeled tiles.
         assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 3 * tc.BK // 16
         assert "griddepcontrol.wait" in ptx
+        # e4m3 weights widen by the hardware's pair conversion, int8 ones by byte permutes.
+        assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8 and ("prmt.b32" in ptx) != fp8
         assert kernel.metadata.shared == k * 6  # x and g as copied, the fp16 input: nothing else
 
 
