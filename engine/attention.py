@@ -111,18 +111,12 @@ def build_metadata(
             seq_slots = np.asarray(table, dtype=np.int64)[positions // block_size] * block_size
             seq_slots += positions % block_size
             slot_parts.append(seq_slots[start:])
-            if start == 0:
-                prefills.append(PrefillSpan(row, row + length, None, None))
-            else:
+            span = PrefillSpan(row, row + length, None, None)
+            if start > 0:
                 mask = positions[None, :] <= positions[start:, None]  # (q_len, ctx)
-                prefills.append(
-                    PrefillSpan(
-                        row,
-                        row + length,
-                        torch.from_numpy(seq_slots).to(device),
-                        torch.from_numpy(mask).to(device),
-                    )
-                )
+                span.key_slots = torch.from_numpy(seq_slots).to(device)
+                span.mask = torch.from_numpy(mask).to(device)
+            prefills.append(span)
         row += length
     decodes: DecodeGroup | None = None
     if decode_idx:
@@ -171,8 +165,8 @@ def _prefill(
     # Fused kernels (flash, memory-efficient) want 4-D inputs; 3-D ones fall back to the math
     # path, which on CUDA also upcasts to fp32 and materialises the scores.
     q, k, v = q[None], k[None], v[None]  # (1, heads, len, hd)
+    mask4 = None if mask is None else mask[None, None]
     if not q.is_cuda:
-        mask4 = None if mask is None else mask[None, None]
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask4, is_causal=mask is None, enable_gqa=True
         )
@@ -183,7 +177,6 @@ def _prefill(
         # The other kernels take GQA only as repeated heads.
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        mask4 = None if mask is None else mask[None, None]
         with sdpa_kernel(_PORTABLE):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4, is_causal=mask is None)
     return out[0]

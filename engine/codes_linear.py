@@ -114,17 +114,14 @@ def gather_codes(model: nn.Module) -> int:
         for name in ("codes", "scale", "minimum")
     ]
 
-    def nbytes(t: torch.Tensor) -> int:
-        return t.numel() * t.element_size()
-
     def aligned(t: torch.Tensor) -> int:  # each tensor starts on a cache line
-        return -(-nbytes(t) // 64) * 64
+        return -(-t.nbytes // 64) * 64
 
     buffer = _huge_page_buffer(sum(aligned(getattr(layer, name)) for layer, name in owners))
     offset = 0
     for layer, name in owners:
         tensor = getattr(layer, name)
-        view = buffer[offset : offset + nbytes(tensor)].view(tensor.dtype).view(tensor.shape)
+        view = buffer[offset : offset + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         setattr(layer, name, view)
         offset += aligned(tensor)

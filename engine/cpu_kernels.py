@@ -49,17 +49,6 @@ def supported() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and all(f in flags for f in REQUIRED_FLAGS)
 
 
-def _put_ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the `ninja` wheel installs it into the virtual
-    environment, which is not on PATH when tandem runs as `.venv/bin/tandem` unactivated."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-
-
 def kernel_name() -> str:
     """The build's name: a digest of the source and of this CPU's flags."""
     digest = hashlib.sha256(SOURCE.read_bytes())
@@ -89,7 +78,13 @@ def load() -> bool:
         return False
     from torch.utils import cpp_extension
 
-    _put_ninja_on_path()
+    # torch's builder runs `ninja` from PATH; the `ninja` wheel installs it into the virtual
+    # environment, which is not on PATH when tandem runs as `.venv/bin/tandem` unactivated.
+    if shutil.which("ninja") is None:
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     name = kernel_name()
     log.info("loading native CPU kernels %s (compiled on first use: about 10-60 s)", name)
     started = time.monotonic()

@@ -35,24 +35,6 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _free_cuda_bytes(
-    device: torch.device, fraction: float, config: ModelConfig, max_num_seqs: int
-) -> int:
-    if not 0 < fraction <= 1:
-        raise InvalidRequest("gpu_memory_fraction", f"must be in (0, 1], got {fraction}")
-    free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    # Logits of the largest decode batch (fp32) and a margin for activations and graphs.
-    reserve = max_num_seqs * config.vocab_size * 4 * 2 + (2 << 30)
-    return max(0, int(total * fraction) - used - reserve)
-
-
-def _plain_greedy(seq: SeqInput) -> bool:
-    """Its token is the argmax of the model's logits, and only it and its logprob are asked for."""
-    p = seq.sampling
-    return p.greedy and not p.adjusts_logits and p.logprobs == 0
-
-
 def parse_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise InvalidRequest("device", f"unknown device {name!r}; choose cpu or cuda")
@@ -72,11 +54,9 @@ class Followers(Protocol):
     def check(self, cause: BaseException | None = None) -> None:
         """Raise RankGroupError if the group cannot step: a rank has died, or `cause` (what
         rank 0's step raised) may have left the ranks out of step."""
-        ...
 
     def wait_lost(self) -> str:
         """Block until a rank has died; what RankGroupError would say."""
-        ...
 
     def close(self) -> None: ...
 
@@ -99,7 +79,8 @@ class Engine:
         local = self.model.config
         self.device = next(self.model.buffers()).device
         self.dtype = self.model.norm.weight.dtype
-        self._num_blocks = num_kv_blocks
+        # Blocks a scheduler may hand out (a reserved dummy block on CUDA is not among them).
+        self.num_kv_blocks = num_kv_blocks
         self.max_num_seqs = max_num_seqs
         on_cuda = self.device.type == "cuda"
         # On CUDA one extra block, outside what the scheduler may hand out, takes the writes of
@@ -180,9 +161,13 @@ class Engine:
         # kv_cache_bytes is each rank's: a rank's blocks hold its KV heads only.
         per_block = KVCache.bytes_per_block(loaded.model.config, block_size, kv_dtype)
         if kv_cache_bytes == 0 and torch_device.type == "cuda":
-            kv_cache_bytes = _free_cuda_bytes(
-                torch_device, gpu_memory_fraction, loaded.config, max_num_seqs
-            )
+            fraction = gpu_memory_fraction
+            if not 0 < fraction <= 1:
+                raise InvalidRequest("gpu_memory_fraction", f"must be in (0, 1], got {fraction}")
+            free, total = torch.cuda.mem_get_info(torch_device)
+            # Logits of the largest decode batch (fp32) and a margin for activations and graphs.
+            reserve = max_num_seqs * loaded.config.vocab_size * 4 * 2 + (2 << 30)
+            kv_cache_bytes = max(0, int(total * fraction) - (total - free) - reserve)
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
         blocks = tp.min(blocks)  # block ids mean the same on every rank: one count for all
@@ -196,8 +181,7 @@ class Engine:
         """Run once every kind of step serving will run (engine/warm_up.py), each compile and
         first use paid now instead of by a request; its seconds go to start_times["warm_up"]."""
         started = time.perf_counter()
-        kernel = self.decode_kernel
-        variant = getattr(kernel, "variant", lambda b: 0)
+        variant = getattr(self.decode_kernel, "variant", lambda b: 0)
         graph_sizes = list(self.graphs.buckets) if self.graphs is not None else []
         batches = warm_up_batches(
             self.config,
@@ -220,11 +204,6 @@ class Engine:
     def block_size(self) -> int:
         return self.kv.block_size
 
-    @property
-    def num_kv_blocks(self) -> int:
-        """Blocks a scheduler may hand out (a reserved dummy block on CUDA is not among them)."""
-        return self._num_blocks
-
     def release(self, seq_ids: Iterable[Hashable]) -> None:
         """Forget per-sequence state of finished sequences (their blocks are the caller's)."""
         ids = list(seq_ids)
@@ -236,8 +215,7 @@ class Engine:
     def wait_lost(self) -> str | None:
         """Block until a rank of this engine's group dies, and say which (None at once without
         a group): an owner that must not wait for its next step to find out calls this."""
-        followers = self.followers
-        return None if followers is None else followers.wait_lost()
+        return None if self.followers is None else self.followers.wait_lost()
 
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel group (nothing to do on one process)."""
@@ -303,7 +281,11 @@ class Engine:
             graphed is not None
             and self.greedy_in_graph
             and len(sampled) == len(batch)
-            and all(_plain_greedy(s) for s in seqs)
+            # Plain greedy: each token is the argmax, and only it and its logprob are asked for.
+            and all(
+                s.sampling.greedy and not s.sampling.adjusts_logits and s.sampling.logprobs == 0
+                for s in seqs
+            )
         ):
             # The graph already picked every row's token: nothing to sample out here.
             packed, tokens, n_top = graphed.picks, graphed.tokens, 0
@@ -439,7 +421,7 @@ class Engine:
                     "token_ids", f"sequence {seq.seq_id} has ids outside [0, {vocab})"
                 )
             table = seq.block_table
-            if len(table) and (min(table) < 0 or max(table) >= self._num_blocks):
+            if len(table) and (min(table) < 0 or max(table) >= self.num_kv_blocks):
                 raise InvalidRequest(
                     "block_table", f"sequence {seq.seq_id} names blocks outside the pool"
                 )

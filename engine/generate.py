@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -81,27 +81,19 @@ def generate(
             out.token_ids.append(sampled.token_id)
             if sampled.token_id in request.stop_token_ids:
                 out.finish_reason = "stop"
-                tail = stops.flush() + detok.flush()
-                out.text += tail
-                yield Delta(sampled.token_id, tail, sampled.logprob)
-                return
-            text = stops.feed(detok.feed(sampled.token_id))
-            if stops.stopped:
-                out.finish_reason = "stop"
-            elif len(out.token_ids) == request.max_tokens:
-                out.finish_reason = "length"
-                text += stops.feed(detok.flush()) + stops.flush()
+                text = stops.flush() + detok.flush()
+            else:
+                text = stops.feed(detok.feed(sampled.token_id))
+                if stops.stopped:
+                    out.finish_reason = "stop"
+                elif len(out.token_ids) == request.max_tokens:
+                    out.finish_reason = "length"
+                    text += stops.feed(detok.flush()) + stops.flush()
             out.text += text
             yield Delta(sampled.token_id, text, sampled.logprob)
             if out.finish_reason:
                 return
-            seq = SeqInput(
-                "offline",
-                [sampled.token_id],
-                prompt_len + len(out.token_ids) - 1,
-                table,
-                request.sampling,
-                prompt_len=prompt_len,
-            )
+            position = prompt_len + len(out.token_ids) - 1
+            seq = replace(seq, token_ids=[sampled.token_id], start_pos=position)
     finally:
         engine.release(["offline"])

@@ -62,13 +62,11 @@ class GGUFWeights:
 
     def __init__(self, gguf: GGUFFile, n_heads: int, n_kv_heads: int) -> None:
         self.gguf = gguf
-        self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads
-        self.by_name: dict[str, ReaderTensor] = {}
-        for tensor in gguf.reader.tensors:
-            name = hf_name(tensor.name)
-            if name is not None:
-                self.by_name[name] = tensor
+        # The heads whose rows llama.cpp permuted, by HF name part.
+        self.qk_heads = {"q_proj": n_heads, "k_proj": n_kv_heads}
+        self.by_name: dict[str, ReaderTensor] = {
+            name: tensor for tensor in gguf.reader.tensors if (name := hf_name(tensor.name))
+        }
         self.rope_freqs = next(
             (t for t in gguf.reader.tensors if t.name == "rope_freqs.weight"), None
         )
@@ -82,7 +80,7 @@ class GGUFWeights:
     def get(self, name: str) -> torch.Tensor:
         """The tensor as float32, in HF layout (out_features, in_features)."""
         out = self._dequantize(self._tensor(name))
-        heads = self._qk_heads(name)
+        heads = self.qk_heads.get(name.split(".")[-2], 0)
         return unpermute_qk(out, heads) if heads else out
 
     def get_int4(self, name: str) -> list[Q4Blocks] | None:
@@ -99,7 +97,7 @@ class GGUFWeights:
                 return None
         except ValueError as err:
             raise ModelFormatError(f"{self.gguf.path.name}: tensor {tensor.name}: {err}") from err
-        heads = self._qk_heads(name)
+        heads = self.qk_heads.get(name.split(".")[-2], 0)
         if heads:
             order = unpermute_qk(torch.arange(rows, dtype=torch.float32)[:, None], heads)
             parts = [p.rows(order[:, 0].long()) for p in parts]
@@ -109,13 +107,6 @@ class GGUFWeights:
         if name not in self.by_name:
             raise ModelFormatError(f"{self.gguf.path.name}: missing tensor for {name}")
         return self.by_name[name]
-
-    def _qk_heads(self, name: str) -> int:
-        if name.endswith("q_proj.weight"):
-            return self.n_heads
-        if name.endswith("k_proj.weight"):
-            return self.n_kv_heads
-        return 0
 
     def rope_freq_factors(self) -> torch.Tensor | None:
         return None if self.rope_freqs is None else self._dequantize(self.rope_freqs)

@@ -97,16 +97,13 @@ def load_model(
     config is the rank's."""
     if quantize not in QUANTIZE_MODES:
         raise InvalidRequest("quantize", f"unknown mode {quantize!r}; choose {QUANTIZE_MODES}")
-    if (
-        quantize == "fp8"
-        and device.type == "cuda"
-        and torch.cuda.get_device_capability(device) < (8, 9)
-    ):
+    if quantize == "fp8" and device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        raise InvalidRequest(
-            "quantize",
-            f"fp8 needs a GPU of compute capability 8.9 or newer; this one is {major}.{minor}",
-        )
+        if (major, minor) < (8, 9):
+            raise InvalidRequest(
+                "quantize",
+                f"fp8 needs a GPU of compute capability 8.9 or newer; this one is {major}.{minor}",
+            )
     if path.is_dir():
         raw = read_config(path)
         config = ModelConfig.from_hf(raw)
@@ -131,8 +128,16 @@ def load_model(
     keep_q4 = quantize in ("auto", "int4") and int4_supported(device)
     native = keep_q4 and quantize == "auto" and cpu_kernels.load()
     # Progress counts float32-equivalent bytes, so 4-bit and float weights weigh alike.
-    total = sum(_numel(reader, n) for n in _names(reader)) * 4
-    with _bar(total, path.name, progress) as bar:
+    bar = tqdm(
+        total=_total_numel(reader) * 4,
+        unit="B",
+        unit_scale=True,
+        desc=f"load {path.name}",
+        disable=not progress,
+        file=sys.stderr,
+        leave=False,
+    )
+    with bar:
         source = _Source(reader, dtype, bar, keep_q4, native)
         # int8/fp8 as each projection is built: the float model is never whole in memory.
         linear = {"int8": Int8Linear, "fp8": Fp8Linear}.get(quantize)
@@ -163,29 +168,9 @@ def load_model(
     return LoadedModel(model, config, path, file_format, linear_format, tp)
 
 
-def _names(reader: Reader) -> list[str]:
+def _total_numel(reader: Reader) -> int:
     if isinstance(reader, GGUFWeights):
-        return list(reader.by_name)
+        return sum(int(t.n_elements) for t in reader.by_name.values())
     if isinstance(reader, RandomWeights):
-        return reader.names()
-    return list(reader.location)
-
-
-def _numel(reader: Reader, name: str) -> int:
-    if isinstance(reader, GGUFWeights):
-        return int(reader.by_name[name].n_elements)
-    if isinstance(reader, RandomWeights):
-        return int(torch.Size(reader.shape(name)).numel())
-    return reader.numel(name)
-
-
-def _bar(total: int, name: str, enabled: bool) -> tqdm:
-    return tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        desc=f"load {name}",
-        disable=not enabled,
-        file=sys.stderr,
-        leave=False,
-    )
+        return sum(torch.Size(reader.shape(n)).numel() for n in reader.names())
+    return sum(reader.numel(n) for n in reader.location)

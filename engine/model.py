@@ -125,7 +125,6 @@ class Transformer(nn.Module):
         return self.norm(x, residual)[0]
 
     def blocks(self) -> list[TransformerBlock]:
-        """The layers, typed."""
         return [cast(TransformerBlock, layer) for layer in self.layers]
 
     def rope_tables(

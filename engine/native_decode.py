@@ -46,9 +46,7 @@ class NativeDecoder:
     def fits(model: Transformer, decode_kernel: object) -> bool:
         """The engine attends decodes with the native kernel (an fp32 CPU model of its head
         dims), and every projection is served from GGUF codes."""
-        if not isinstance(decode_kernel, cpu_kernels.PagedDecode):
-            return False
-        return all(
+        return isinstance(decode_kernel, cpu_kernels.PagedDecode) and all(
             isinstance(p, CodesLinear) for block in model.blocks() for p in block.projections()
         )
 

@@ -8,6 +8,7 @@ for comparison — get bit-identical weights.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.registry import SEED_KEY
+from engine.weights import NORMS, PROJECTIONS
 
 _STD = 0.02  # the initializer range LLaMA checkpoints are trained from
 
@@ -52,20 +54,9 @@ class RandomWeights:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if not self.config.tie_embeddings:
             names.append("lm_head.weight")
-        for i in range(self.config.n_layers):
-            for part in (
-                "self_attn.q_proj",
-                "self_attn.k_proj",
-                "self_attn.v_proj",
-                "self_attn.o_proj",
-                "mlp.gate_proj",
-                "mlp.up_proj",
-                "mlp.down_proj",
-                "input_layernorm",
-                "post_attention_layernorm",
-            ):
-                names.append(f"model.layers.{i}.{part}.weight")
-        return names
+        parts = [*itertools.chain(*PROJECTIONS.values()), *NORMS.values()]
+        layers = range(self.config.n_layers)
+        return names + [f"model.layers.{i}.{part}.weight" for i in layers for part in parts]
 
     def has(self, name: str) -> bool:
         return name != "lm_head.weight" or not self.config.tie_embeddings

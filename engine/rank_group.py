@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
@@ -121,21 +121,10 @@ def start_engine(args: EngineArgs, tensor_parallel_size: int = 1) -> Engine:
 
 
 def _load(args: EngineArgs, tp: TensorParallel) -> Engine:
-    return Engine.from_path(
-        args.path,
-        args.device,
-        args.dtype,
-        args.kv_cache_bytes,
-        args.block_size,
-        args.progress and tp.rank == 0,
-        args.quantize,
-        args.max_num_seqs,
-        args.cuda_graphs,
-        args.gpu_memory_fraction,
-        args.warm_up_tokens,
-        tp,
-        args.kv_cache_dtype,
-    )
+    kwargs = {f.name: getattr(args, f.name) for f in fields(args)}
+    del kwargs["follower_threads"], kwargs["timeout_s"]  # the group's, not the engine's
+    kwargs["progress"] = args.progress and tp.rank == 0
+    return Engine.from_path(**kwargs, tp=tp)
 
 
 class RankGroup:

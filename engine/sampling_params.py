@@ -63,11 +63,8 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
+        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        return penalties != (1.0, 0.0, 0.0)
 
     @property
     def adjusts_logits(self) -> bool:

@@ -103,8 +103,8 @@ class ShardPlan:
             head_dim=config.head_dim,
         )
 
-    def span(self, name: str) -> tuple[str, int, int] | None:
-        """(axis, start, end) of HF weight `name` this rank holds; None: all of it."""
+    def span(self, name: str) -> tuple[str, int, int, int] | None:
+        """(axis, start, end, padding rows) of HF weight `name` this rank holds; None: all of it."""
         split = _SPLITS.get(name.split(".")[-2])
         if split is None:
             return None
@@ -116,7 +116,7 @@ class ShardPlan:
             "ffn": self.ffn,
             "vocab": self.vocab,
         }[kind]
-        return axis, start, end
+        return axis, start, end, (self.vocab_rows - (end - start) if kind == "vocab" else 0)
 
 
 class ShardedSource:
@@ -137,43 +137,35 @@ class ShardedSource:
         span = self.plan.span(name)
         if span is None:
             return tensor
-        axis, start, end = span
+        axis, start, end, padding = span
         if axis == "cols":
             return tensor[:, start:end].contiguous()
-        return self._padded(tensor[start:end], name)
+        rows = tensor[start:end].contiguous()
+        return torch.cat([rows, rows.new_zeros((padding, *rows.shape[1:]))]) if padding else rows
 
     def get_int4(self, name: str) -> list[Q4Blocks] | None:
         parts = self.source.get_int4(name)
         span = self.plan.span(name)
         if parts is None or span is None:
             return parts
-        axis, start, end = span
+        axis, start, end, padding = span
         if axis == "cols":
             if start % GROUP or end % GROUP:
                 return None  # inside a block: dequantized and split as floats instead
             g0, g1 = start // GROUP, end // GROUP
             return [Q4Blocks(p.codes[:, start:end], p.scales[:, g0:g1], p.zeros[:, g0:g1])
                     for p in parts]  # fmt: skip
-        return [self._padded_codes(p.rows(torch.arange(start, end)), name) for p in parts]
+        return [_pad_codes(p.rows(torch.arange(start, end)), padding) for p in parts]
 
-    def _missing_rows(self, rows: int, name: str) -> int:
-        return self.plan.vocab_rows - rows if _SPLITS[name.split(".")[-2]][1] == "vocab" else 0
 
-    def _padded(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        missing = self._missing_rows(tensor.shape[0], name)
-        if not missing:
-            return tensor.contiguous()
-        pad = tensor.new_zeros((missing, *tensor.shape[1:]))
-        return torch.cat([tensor, pad])
-
-    def _padded_codes(self, blocks: Q4Blocks, name: str) -> Q4Blocks:
-        missing = self._missing_rows(blocks.shape[0], name)
-        if not missing:
-            return blocks
-        k = blocks.shape[1]
-        pad = Q4Blocks(
-            torch.full((missing, k), 8, dtype=blocks.codes.dtype),  # (8 - 8) * 0 + 0: zero
-            blocks.scales.new_zeros((missing, k // GROUP)),
-            blocks.zeros.new_zeros((missing, k // GROUP)),
-        )
-        return Q4Blocks.cat([blocks, pad])
+def _pad_codes(blocks: Q4Blocks, padding: int) -> Q4Blocks:
+    """`blocks` followed by `padding` rows of zero weights."""
+    if not padding:
+        return blocks
+    k = blocks.shape[1]
+    pad = Q4Blocks(
+        torch.full((padding, k), 8, dtype=blocks.codes.dtype),  # (8 - 8) * 0 + 0: zero
+        blocks.scales.new_zeros((padding, k // GROUP)),
+        blocks.zeros.new_zeros((padding, k // GROUP)),
+    )
+    return Q4Blocks.cat([blocks, pad])

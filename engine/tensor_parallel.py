@@ -57,18 +57,14 @@ class TensorParallel:
         """The smallest of every rank's value (outside the hot path: it syncs with the host)."""
         if not self.sharded:
             return value
-        t = torch.tensor([value], dtype=torch.int64, device=_collective_device(self.group))
+        nccl = dist.get_backend(self.group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        t = torch.tensor([value], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
 
 SINGLE = TensorParallel()
-
-
-def _collective_device(group: Any) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:

@@ -31,9 +31,7 @@ PENALISED = SamplingParams(temperature=0.7, repetition_penalty=1.1, presence_pen
 
 def representative_batches(max_num_seqs: int, variant: Callable[[int], Hashable]) -> list[int]:
     """The largest batch size of each variant `variant(b)` of a kernel over 1..max_num_seqs."""
-    largest: dict[Hashable, int] = {}
-    for b in range(1, max_num_seqs + 1):
-        largest[variant(b)] = b
+    largest = {variant(b): b for b in range(1, max_num_seqs + 1)}  # the last b of each
     return sorted(largest.values())
 
 

@@ -81,40 +81,36 @@ def build_model(
         for ours, theirs in NORMS.items():
             state[f"layers.{i}.{ours}.weight"] = source.get(f"model.layers.{i}.{theirs}.weight")
     state["norm.weight"] = source.get("model.norm.weight")
-    head = (
-        "lm_head.weight"
-        if source.has("lm_head.weight") and not config.tie_embeddings
-        else ("model.embed_tokens.weight")
-    )
+    tied = config.tie_embeddings or not source.has("lm_head.weight")
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
     output = _fused_int4([source.get_int4(head)], source.native_codes)
     if output is not None:
         swapped["output"] = output  # tied or not, the embedding lookup keeps its float table
-    elif linear is not None and linear_head:
-        table = source.get(head) if head == "lm_head.weight" else state["tok_embeddings.weight"]
-        swapped["output"] = linear(table.to(device))
-    elif head == "lm_head.weight":
-        state["output.weight"] = source.get(head)
     else:
-        state["output.weight"] = state["tok_embeddings.weight"]
-    _check_shapes(model, state)
+        table = state["tok_embeddings.weight"] if tied else source.get(head)
+        if linear is not None and linear_head:
+            swapped["output"] = linear(table.to(device))
+        else:
+            state["output.weight"] = table
+    expected_shapes = {k: v.shape for k, v in model.state_dict().items()}
+    for key, tensor in state.items():
+        if tensor.shape != expected_shapes[key]:
+            raise ModelFormatError(
+                f"weight {key} has shape {tuple(tensor.shape)}, the config implies "
+                f"{tuple(expected_shapes[key])}"
+            )
     for path, module in swapped.items():
         parent, _, name = path.rpartition(".")
         parent_module = model.get_submodule(parent) if parent else model
         expected = model.get_submodule(path)
-        if (module.out_features, module.in_features) != (
-            expected.out_features,
-            expected.in_features,
-        ):
+        shape = (module.out_features, module.in_features)
+        if shape != (expected.out_features, expected.in_features):
             raise ModelFormatError(f"weight {path} does not match the config's shape")
         setattr(parent_module, name, module.to(device))
     missing, unexpected = model.load_state_dict(
         {k: v.to(device) for k, v in state.items()}, assign=True, strict=False
     )
-
-    def is_swapped(key: str) -> bool:
-        return any(key.startswith(path + ".") for path in swapped)
-
-    if unexpected or not all(is_swapped(k) for k in missing):
+    if unexpected or not all(any(k.startswith(p + ".") for p in swapped) for k in missing):
         raise ModelFormatError(f"weights do not fit the model: missing {missing[:3]}")
     if state.get("output.weight") is state["tok_embeddings.weight"]:
         model.output.weight = model.tok_embeddings.weight  # tied: one tensor, not two copies
@@ -140,13 +136,3 @@ def _fused_int4(
         return None
     layer = CodesLinear if native else Int4Linear
     return layer(*(Q4Blocks.cat([t[j] for t in parts]) for j in range(len(parts[0]))))
-
-
-def _check_shapes(model: Transformer, state: dict[str, torch.Tensor]) -> None:
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    for name, tensor in state.items():
-        if tensor.shape != expected[name]:
-            raise ModelFormatError(
-                f"weight {name} has shape {tuple(tensor.shape)}, the config implies "
-                f"{tuple(expected[name])}"
-            )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -26,6 +27,7 @@ def check_text(text: str, field: str) -> None:
         ) from None
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Tokenizer(ABC):
     """Text ↔ token ids for one model, plus the facts about its special tokens.
 
@@ -33,31 +35,19 @@ class Tokenizer(ABC):
     stands for, so decoding and incremental detokenization agree by construction.
     """
 
-    def __init__(
-        self,
-        *,
-        pieces: Sequence[bytes],
-        special_ids: frozenset[int],
-        bos_token_id: int | None,
-        eos_token_ids: frozenset[int],
-        add_bos: bool,
-        chat_template: ChatTemplate | None,
-        special_token_text: dict[str, str],
-        strips_leading_space: bool = False,
-    ) -> None:
-        self._pieces = pieces
-        self._special_ids = special_ids
-        self.bos_token_id = bos_token_id
-        # The ids that end generation (end of text, end of turn, ...).
-        self.eos_token_ids = eos_token_ids
-        # Whether a plain prompt should start with the BOS token (chat templates write it).
-        self.add_bos = add_bos
-        self.chat_template = chat_template
-        # bos_token / eos_token / ... as the chat template sees them.
-        self.special_token_text = special_token_text
-        # SentencePiece-style vocabularies mark a word start with a space that decoding drops
-        # from the first token of a text.
-        self.strips_leading_space = strips_leading_space
+    pieces: Sequence[bytes]  # the bytes each token id stands for
+    special_ids: frozenset[int]
+    bos_token_id: int | None
+    # The ids that end generation (end of text, end of turn, ...).
+    eos_token_ids: frozenset[int]
+    # Whether a plain prompt should start with the BOS token (chat templates write it).
+    add_bos: bool
+    chat_template: ChatTemplate | None
+    # bos_token / eos_token / ... as the chat template sees them.
+    special_token_text: dict[str, str]
+    # SentencePiece-style vocabularies mark a word start with a space that decoding drops
+    # from the first token of a text.
+    strips_leading_space: bool = False
 
     @abstractmethod
     def _encode(self, text: str, *, allow_special: bool) -> list[int]:
@@ -72,7 +62,7 @@ class Tokenizer(ABC):
 
     @property
     def vocab_size(self) -> int:
-        return len(self._pieces)
+        return len(self.pieces)
 
     def encode_prompt(self, text: str, *, allow_special: bool, field: str = "text") -> list[int]:
         """`encode`, with BOS in front when the model wants one and the text did not bring it."""
@@ -83,17 +73,17 @@ class Tokenizer(ABC):
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id < len(self._pieces):
+        if not 0 <= token_id < len(self.pieces):
             raise InvalidRequest(
-                "token_ids", f"{token_id} is outside the vocabulary (0..{len(self._pieces) - 1})"
+                "token_ids", f"{token_id} is outside the vocabulary (0..{len(self.pieces) - 1})"
             )
-        return self._pieces[token_id]
+        return self.pieces[token_id]
 
     def is_special(self, token_id: int) -> bool:
-        return token_id in self._special_ids
+        return token_id in self.special_ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
-        kept = [i for i in ids if not (skip_special and i in self._special_ids)]
+        kept = [i for i in ids if not (skip_special and i in self.special_ids)]
         data = b"".join(self.token_bytes(i) for i in kept)
         if self.strips_leading_space and data.startswith(b" "):
             data = data[1:]
@@ -132,7 +122,7 @@ class Tokenizer(ABC):
 
     @cached_property
     def _special_by_text(self) -> dict[str, int]:
-        return {self._pieces[i].decode("utf-8", "replace"): i for i in self._special_ids}
+        return {self.pieces[i].decode("utf-8", "replace"): i for i in self.special_ids}
 
     @cached_property
     def _special_pattern(self) -> re.Pattern[str]:

@@ -10,13 +10,8 @@ def byte_to_char() -> dict[int, str]:
     # Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, NBSP, soft
     # hyphen) are shifted to U+0100 and up, so a token string never holds whitespace.
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + shifted)
-            shifted += 1
-    return table
+    shifted = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(shifted)}
 
 
 @cache

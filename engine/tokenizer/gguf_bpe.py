@@ -118,13 +118,10 @@ def gguf_tokenizer(gguf: GGUFFile) -> HFBackedTokenizer:
     # As in llama.cpp: BPE vocabularies add no BOS unless LLaMA-3's, or the file says so.
     add_bos = bool(gguf.get("tokenizer.ggml.add_bos_token", ignores_merges(pre)))
     template = gguf.get("tokenizer.chat_template")
-    text = {}
-    for field, key in _SPECIAL_TEXT_KEYS.items():
-        token_id = _token_id(gguf, key, len(tokens))
-        if token_id is not None:
-            text[field] = tokens[token_id]
+    ids = {field: _token_id(gguf, key, len(tokens)) for field, key in _SPECIAL_TEXT_KEYS.items()}
+    text = {field: tokens[i] for field, i in ids.items() if i is not None}
     return HFBackedTokenizer(
-        backend,
+        backend=backend,
         pieces=pieces,
         special_ids=frozenset(special_ids),
         bos_token_id=bos,

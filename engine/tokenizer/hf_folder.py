@@ -17,10 +17,8 @@ from engine.tokenizer.hf_backed import HFBackedTokenizer
 _SPECIAL_TEXT_FIELDS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
-def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        if required:
-            raise ModelNotFound(f"no {path.name} in {path.parent}")
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -116,8 +114,8 @@ def hf_folder_tokenizer(folder: Path) -> HFBackedTokenizer:
         backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     except Exception as err:  # the library raises plain Exception for a bad file
         raise ModelFormatError(f"{tokenizer_file} is not a readable tokenizer: {err}") from err
-    config = _read_json(folder / "tokenizer_config.json", required=False)
-    generation = _read_json(folder / "generation_config.json", required=False)
+    config = _read_json(folder / "tokenizer_config.json")
+    generation = _read_json(folder / "generation_config.json")
 
     added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
     special_ids = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
@@ -140,7 +138,7 @@ def hf_folder_tokenizer(folder: Path) -> HFBackedTokenizer:
         add_bos = bos is not None and ids[:1] == [bos]
     special_text = {f: t for f in _SPECIAL_TEXT_FIELDS if (t := _token_text(config.get(f)))}
     return HFBackedTokenizer(
-        backend,
+        backend=backend,
         pieces=pieces,
         special_ids=frozenset(special_ids),
         bos_token_id=bos,

@@ -117,11 +117,8 @@ class Llama3Tokenizer(Tokenizer):
             mergeable_ranks=ranks,
             special_tokens=special,
         )
-        pieces = [b""] * (base + len(special))
-        for piece, rank in ranks.items():
-            pieces[rank] = piece
-        for text, token_id in special.items():
-            pieces[token_id] = text.encode()
+        # The ranks are 0..base-1 (read_ranks checks), and the special ids follow them.
+        pieces = [*sorted(ranks, key=ranks.__getitem__), *(text.encode() for text in special)]
         super().__init__(
             pieces=pieces,
             special_ids=frozenset(special.values()),

@@ -17,18 +17,12 @@ _GGUF_MAGIC = b"GGUF"
 _TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/]+={0,2} \d+\r?$")
 
 
-def _is_tiktoken(path: Path) -> bool:
-    with path.open("rb") as f:
-        first = f.readline(4096).rstrip(b"\n")
-    return bool(_TIKTOKEN_LINE.match(first))
-
-
 def _file_tokenizer(path: Path) -> Tokenizer:
     with path.open("rb") as f:
-        magic = f.read(4)
-    if magic == _GGUF_MAGIC:
+        first_line = f.readline(4096)
+    if first_line.startswith(_GGUF_MAGIC):
         return gguf_tokenizer(open_gguf(path))
-    if _is_tiktoken(path):
+    if _TIKTOKEN_LINE.match(first_line.rstrip(b"\n")):
         return Llama3Tokenizer(path)
     if path.suffix == ".gguf":
         raise ModelFormatError(f"{path.name} is not a GGUF file (no GGUF magic)")
