@@ -8,6 +8,7 @@ more host time than these kernels take on the GPU), against the device's copy ba
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -90,17 +91,14 @@ def measure(name: str, fmt: str, bandwidth: float) -> list[dict[str, Any]]:
     for t in tiles:
         if epilogue != SWIGLU or t[0] % 2 == 0:
             label = f"row_gemv {t}{' default' if t == default else ''}"
-            calls = [lambda t=t, c=c: row_gemv(x, c, scale, tile=t, **kw) for c in copies]
-            candidates.append((label, calls))
-    fits = scale is not None and prologue == NORM and tc.available(x.device)
-    if fits and tc.fits(n, k, epilogue, g):
-        calls = [
-            lambda c=c: tc.row_gemv_tc(
-                x, c, scale, norm_weight=g, eps=1e-5, epilogue=epilogue, pdl=True
-            )
-            for c in copies
-        ]
-        candidates.append(("row_gemv_tc", calls))
+            gemv = functools.partial(row_gemv, x, scale=scale, tile=t, **kw)
+            candidates.append((label, [functools.partial(gemv, c) for c in copies]))
+    on_tc = prologue == NORM and tc.available(x.device) and tc.fits(n, k, epilogue, g)
+    if scale is not None and on_tc:
+        gemv_tc = functools.partial(
+            tc.row_gemv_tc, x, scale=scale, norm_weight=g, eps=1e-5, epilogue=epilogue, pdl=True
+        )
+        candidates.append(("row_gemv_tc", [functools.partial(gemv_tc, weight=c) for c in copies]))
     rows = []
     for label, calls in candidates:
         try:

@@ -193,14 +193,20 @@ def paged_attention(
         return group.attend(q, pool)  # the common step: decodes only, no scatter back
     out = torch.empty_like(q)
     for span in meta.prefills:
-        qs = q[span.q_start : span.q_end].transpose(0, 1)  # (n_heads, q_len, hd)
+        rows = slice(span.q_start, span.q_end)
         if span.key_slots is None:  # a whole prompt: its keys are this step's
-            keys = k[span.q_start : span.q_end].transpose(0, 1)  # (n_kv, q_len, hd)
-            values = v[span.q_start : span.q_end].transpose(0, 1)
+            keys, values = k[rows], v[rows]  # (q_len, n_kv, hd)
         else:
             seq_kv = pool.index_select(0, span.key_slots).to(q.dtype)  # (ctx, 2, n_kv, hd)
-            keys, values = seq_kv[:, 0].transpose(0, 1), seq_kv[:, 1].transpose(0, 1)
-        out[span.q_start : span.q_end] = _prefill(qs, keys, values, span.mask).transpose(0, 1)
+            keys, values = seq_kv[:, 0], seq_kv[:, 1]
+        if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            from engine.kernels import prefill_attention as kernel
+
+            if kernel.fits(q):  # causal over the sequence's keys, as span.mask says
+                kernel.prefill_attention(q[rows], keys, values, out=out[rows])
+                continue
+        qs, keys, values = (t.transpose(0, 1) for t in (q[rows], keys, values))  # heads first
+        out[rows] = _prefill(qs, keys, values, span.mask).transpose(0, 1)
     if group is not None:
         out.index_copy_(0, group.rows, group.attend(q.index_select(0, group.rows), pool))
     return out

@@ -258,6 +258,35 @@ def check_row_gemv() -> None:
                 sys.exit(1)
 
 
+def check_prefill_attention() -> None:
+    import torch.nn.functional as F
+
+    from engine.kernels.prefill_attention import prefill_attention
+
+    torch.manual_seed(0)
+    # (queries, keys, heads, KV heads, head size, tiles): one token; a prompt shorter than a
+    # tile; several tiles, the last partial; no GQA; tiles of fewer keys than queries; chunks
+    # that continue a prompt, their first position inside a key tile or on its edge.
+    cases = [(1, 1, 4, 2, 16, None), (37, 37, 4, 2, 16, None), (130, 130, 6, 2, 32, (64, 32, 4, 1)),
+             (200, 200, 3, 3, 16, (32, 32, 4, 1)), (150, 150, 8, 2, 16, (64, 16, 4, 1)),
+             (40, 141, 4, 2, 16, (32, 16, 4, 1)), (70, 134, 4, 1, 16, (64, 64, 4, 1)),
+             (1, 90, 4, 2, 16, None)]  # fmt: skip
+    for length, ctx, heads, kv, hd, tiles in cases:
+        q = torch.randn(length, heads, hd)
+        k, v = torch.randn(ctx, kv, hd), torch.randn(ctx, kv, hd)
+        got = prefill_attention(q, k, v, tiles=tiles)
+        q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))
+        positions = torch.arange(ctx)
+        causal = positions[None, :] <= positions[ctx - length :, None]
+        want = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=causal, enable_gqa=True)
+        err = float((got - want[0].transpose(0, 1)).abs().max())
+        print(
+            f"prefill attention {length} of {ctx} tokens, {heads}/{kv} heads: max error {err:.2e}"
+        )
+        if err > 1e-5:
+            sys.exit(1)
+
+
 def check_greedy() -> None:
     from engine.kernels.greedy import GreedyPicks
 
@@ -377,6 +406,7 @@ if __name__ == "__main__":
     check_fp8_rows()
     check_fused()
     check_row_gemv()
+    check_prefill_attention()
     check_rope_attention()
     check_greedy()
     check_row_decoder()

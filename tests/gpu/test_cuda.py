@@ -65,6 +65,24 @@ def test_paged_decode_kernel_matches_attention(tiling: tuple[int, int, int, bool
         assert rel(out[i], ref) < 2e-2
 
 
+@pytest.mark.parametrize("heads", [(32, 8, 128), (9, 3, 64)])
+def test_prefill_attention_kernel_matches_sdpa(heads: tuple[int, int, int]) -> None:
+    import torch.nn.functional as F
+
+    from engine.kernels.prefill_attention import prefill_attention
+
+    n_heads, n_kv, hd = heads
+    torch.manual_seed(0)
+    for length in (1, 100, 2048):
+        q, k, v = (torch.randn(length, h, hd, device=CUDA, dtype=torch.bfloat16)
+                   for h in (n_heads, n_kv, n_kv))  # fmt: skip
+        q4, k4, v4 = (t.float().transpose(0, 1)[None] for t in (q, k, v))
+        want = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+        out = torch.full_like(q, float("nan"))
+        assert prefill_attention(q, k, v, out=out) is out
+        assert rel(out, want[0].transpose(0, 1)) < 1e-2
+
+
 def test_one_launch_rope_attention_matches_the_three_launch_path() -> None:
     from engine.kernels import fused
     from engine.kernels.paged_decode import PagedDecode
