@@ -17,7 +17,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from services.scheduler.config import SchedulerProcessConfig, SchedulingPolicy
@@ -25,6 +27,12 @@ from services.settings import flag, parse, write_file
 from services.telemetry.config import TelemetryConfig, TracingSettings
 from services.tokenizer.config import EdgeSettings, TokenizerConfig
 from services.worker.config import EngineSettings, WorkerConfig
+
+if TYPE_CHECKING:
+    from services.launcher import ProcessSpec, Supervisor
+
+Port = Callable[[], int]  # a free port, picked when called
+ChildConfig = WorkerConfig | SchedulerProcessConfig | TokenizerConfig
 
 DESCRIPTION = (
     "Start the pipeline locally: one worker, one scheduler and N tokenizers, supervised (a "
@@ -94,79 +102,87 @@ def _serve(args: argparse.Namespace) -> int:
     return run(lambda: _supervise(config))
 
 
-def child_configs(
-    config: ServeConfig, port: Callable[[], int]
-) -> tuple[WorkerConfig, SchedulerProcessConfig, list[TokenizerConfig]]:
-    """What the launcher hands each process: the serve settings each one needs, internal ports
-    on loopback (`port()` gives a free one)."""
+def _telemetry(config: ServeConfig, role: str, port: Port) -> TelemetryConfig:
     t = config.telemetry
+    return TelemetryConfig(
+        service_name=f"{t.service_name_prefix}-{role}",
+        tracing=t.tracing,
+        metrics_port=port() if t.metrics else 0,
+        metrics_host=t.metrics_host,
+    )
 
-    def telemetry(role: str) -> TelemetryConfig:
-        return TelemetryConfig(
-            service_name=f"{t.service_name_prefix}-{role}",
-            tracing=t.tracing,
-            metrics_port=port() if t.metrics else 0,
-            metrics_host=t.metrics_host,
-        )
 
-    worker = WorkerConfig(
+def worker_config(config: ServeConfig, port: Port) -> WorkerConfig:
+    return WorkerConfig(
         model=config.model,
         port=config.worker_port or port(),
         max_num_seqs=config.policy.max_num_seqs,
         max_num_batched_tokens=config.policy.max_num_batched_tokens,
         engine=config.engine,
-        telemetry=telemetry("worker"),
+        telemetry=_telemetry(config, "worker", port),
     )
-    scheduler = SchedulerProcessConfig(
+
+
+def scheduler_config(config: ServeConfig, worker: str, port: Port) -> SchedulerProcessConfig:
+    return SchedulerProcessConfig(
         port=config.scheduler_port or port(),
-        worker=worker.address,
+        worker=worker,
         transport=config.transport,
         policy=config.policy,
-        telemetry=telemetry("scheduler"),
+        telemetry=_telemetry(config, "scheduler", port),
     )
+
+
+def tokenizer_config(config: ServeConfig, scheduler: str, port: Port) -> TokenizerConfig:
     edge = {f.name: getattr(config, f.name) for f in fields(EdgeSettings)}
+    telemetry = _telemetry(config, "tokenizer", port)
+    return TokenizerConfig(**edge, admin_port=port(), scheduler=scheduler, telemetry=telemetry)
+
+
+async def start_children(
+    supervisor: Supervisor, config: ServeConfig, run_dir: Path
+) -> list[ProcessSpec]:
+    """Start worker, scheduler and tokenizers in turn, each made on ports picked just before it
+    starts, for the address of the one started before it; their settings files in run_dir."""
+    from services.launcher import ProcessSpec
+
+    def spec(name: str, child_of: Callable[[Port], ChildConfig], port: Port) -> ProcessSpec:
+        child = child_of(port)
+        path = write_file(child, run_dir / f"{name}.json")
+        t = child.telemetry
+        url = f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else ""
+        module, health, grace = f"services.{name}", child.address, 10.0
+        if isinstance(child, TokenizerConfig):  # they share an address: health on a port of its own
+            module, health, grace = "services.tokenizer", f"127.0.0.1:{child.admin_port}", 15.0
+        return ProcessSpec(name, module, ["--config", str(path)], health, grace, url)
+
+    worker = await supervisor.start(partial(spec, "worker", partial(worker_config, config)))
+    scheduler_of = partial(scheduler_config, config, worker.health_address)
+    scheduler = await supervisor.start(partial(spec, "scheduler", scheduler_of))
+    tokenizer_of = partial(tokenizer_config, config, scheduler.health_address)
     tokenizers = [
-        TokenizerConfig(
-            **edge, admin_port=port(), scheduler=scheduler.address, telemetry=telemetry("tokenizer")
-        )
-        for _ in range(config.tokenizers)
+        await supervisor.start(partial(spec, f"tokenizer-{i}", tokenizer_of))
+        for i in range(1, config.tokenizers + 1)
     ]
-    return worker, scheduler, tokenizers
+    return [worker, scheduler, *tokenizers]
 
 
 async def _supervise(config: ServeConfig) -> int:
-    from services.launcher import LaunchFailed, ProcessSpec, Supervisor, free_port
+    from services.launcher import LaunchFailed, Supervisor
     from services.process import stop_event_on_signals
 
     log = logging.getLogger("tandem.launcher")
     stop = stop_event_on_signals()
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
-    worker, scheduler, tokenizers = child_configs(config, free_port)
-
-    def spec(name: str, module: str, child: object, health: str, grace: float) -> ProcessSpec:
-        path = write_file(child, run_dir / f"{name}.json")
-        t: TelemetryConfig = child.telemetry  # type: ignore[attr-defined]
-        url = f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else ""
-        return ProcessSpec(name, module, ["--config", str(path)], health, grace, url)
-
-    specs = [
-        spec("worker", "services.worker", worker, worker.address, 10.0),
-        spec("scheduler", "services.scheduler", scheduler, scheduler.address, 10.0),
-        *(
-            spec(f"tokenizer-{i}", "services.tokenizer", t, f"127.0.0.1:{t.admin_port}", 15.0)
-            for i, t in enumerate(tokenizers, 1)
-        ),
-    ]
-    supervisor = Supervisor(specs, {"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
+    supervisor = Supervisor({"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
     try:
-        starting = asyncio.create_task(supervisor.start_all())
+        starting = asyncio.create_task(start_children(supervisor, config, run_dir))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if stopped.done():
             starting.cancel()
             return 130
-        starting.result()
-        for s in specs:
+        for s in starting.result():
             if s.metrics_url:
                 log.info("%s metrics at %s", s.name, s.metrics_url)
                 print(f"metrics {s.name} {s.metrics_url}", flush=True)

@@ -3,11 +3,12 @@
 Start order follows the data flow's dependencies (worker, then scheduler, then tokenizers), each
 awaited until its gRPC health says SERVING. A process that exits with an error before it ever
 served fails the launch at once (a bad flag, a missing model: restarting would not help); one
-killed by a signal while starting is started again, a few times. From the moment a process has
-served, whatever else is still starting, an exit is a crash to recover from: it is restarted
-(its in-flight requests fail with UNAVAILABLE in the processes that outlive it). On SIGINT or
-SIGTERM the tokenizers drain first, then the scheduler and the worker stop, and what they left
-in /dev/shm is reaped.
+killed by a signal while starting is started again, a few times, and so is one that could not
+bind a port picked for it because another process took it meanwhile (on new ports). From the
+moment a process has served, whatever else is still starting, an exit is a crash to recover from:
+it is restarted (its in-flight requests fail with UNAVAILABLE in the processes that outlive it).
+On SIGINT or SIGTERM the tokenizers drain first, then the scheduler and the worker stop, and what
+they left in /dev/shm is reaped.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -43,6 +44,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _in_use(port: int) -> bool:
+    # Bound as servers bind (SO_REUSEADDR): what a closed connection left in TIME_WAIT is no use.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+            s.listen()
+        except OSError:
+            return True
+    return False
 
 
 def _die_with_parent() -> None:
@@ -78,34 +91,52 @@ class LaunchFailed(Exception):
 
 
 class Supervisor:
-    def __init__(self, specs: Sequence[ProcessSpec], env: dict[str, str], ready_timeout_s: float):
-        self.children = [Child(spec) for spec in specs]
+    def __init__(self, env: dict[str, str], ready_timeout_s: float):
+        self.children: list[Child] = []  # in start order
         self.env = env
         self.ready_timeout_s = ready_timeout_s
         self.stopping = False
 
-    async def start_all(self) -> None:
-        for child in self.children:
-            await self._first_start(child)
-            # Watched from now on: once it has served, its exit is a crash to recover from.
-            child.watcher = asyncio.create_task(self._watch(child))
+    async def start(self, make: Callable[[Callable[[], int]], ProcessSpec]) -> ProcessSpec:
+        """Start a process and wait until it serves. `make(port)` is its spec, on the ports the
+        user set and ones `port()` picks free: made again, on new ones, if the process exits
+        while starting and a port picked for it is taken."""
+        picked: list[int] = []
 
-    async def _first_start(self, child: Child) -> None:
+        def port() -> int:
+            picked.append(free_port())
+            return picked[-1]
+
+        child = Child(make(port))
+        self.children.append(child)
         for attempt in range(1, _START_ATTEMPTS + 1):
             await self._start(child)
             try:
                 await self._wait_healthy(child)
-                return
+                break
             except LaunchFailed:
                 code = child.proc.returncode if child.proc is not None else None
-                if code is None or code >= 0 or attempt == _START_ATTEMPTS:
+                name = child.spec.name
+                if code is None or attempt == _START_ATTEMPTS:
                     raise
-                log.warning(
-                    "%s was killed by signal %d while starting; starting it again",
-                    child.spec.name,
-                    -code,
-                )
+                # It holds no port once it has exited: one it cannot have bound is another's.
+                taken = [p for p in picked if _in_use(p)]
+                if taken:
+                    log.warning(
+                        "%s could not bind port %s; starting it on new ports", name, taken[0]
+                    )
+                    picked.clear()
+                    child.spec = make(port)
+                elif code < 0:
+                    log.warning(
+                        "%s was killed by signal %d while starting; starting it again", name, -code
+                    )
+                else:
+                    raise
                 reap()
+        # Watched from now on: once it has served, its exit is a crash to recover from.
+        child.watcher = asyncio.create_task(self._watch(child))
+        return child.spec
 
     async def _start(self, child: Child) -> None:
         child.proc = await asyncio.create_subprocess_exec(

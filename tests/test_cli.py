@@ -182,7 +182,7 @@ def test_every_setting_of_every_process_is_a_flag_of_serve() -> None:
 def test_serve_settings_reach_each_process_through_its_config_file(tmp_path: Path) -> None:
     from itertools import count
 
-    from services.cli_serve import child_configs, parse_serve
+    from services.cli_serve import parse_serve, scheduler_config, tokenizer_config, worker_config
     from services.process import settings_of
     from services.scheduler.config import SchedulerProcessConfig
     from services.settings import write_file
@@ -195,7 +195,10 @@ def test_serve_settings_reach_each_process_through_its_config_file(tmp_path: Pat
     assert serve.engine.threads == 1  # the command line wins over the file
     assert serve.policy.aging_per_s == 0.5 and not serve.policy.enable_prefix_caching
     ports = count(40000)
-    worker, scheduler, tokenizers = child_configs(serve, lambda: next(ports))
+    port = ports.__next__
+    worker = worker_config(serve, port)
+    scheduler = scheduler_config(serve, worker.address, port)
+    tokenizers = [tokenizer_config(serve, scheduler.address, port) for _ in range(serve.tokenizers)]
     assert len(tokenizers) == 2 and worker.engine.threads == 1
     assert scheduler.policy == serve.policy and scheduler.worker == worker.address
     for role, child in (("worker", worker), ("scheduler", scheduler), ("tokenizer", tokenizers[1])):
@@ -242,7 +245,7 @@ def test_run_over_two_ranks_matches_one(
 def test_edge_settings_reach_every_tokenizer(tmp_path: Path) -> None:
     from itertools import count
 
-    from services.cli_serve import ServeConfig, child_configs
+    from services.cli_serve import ServeConfig, tokenizer_config
     from services.settings import parse, write_file
     from services.tokenizer.config import TokenizerConfig
 
@@ -254,7 +257,7 @@ def test_edge_settings_reach_every_tokenizer(tmp_path: Path) -> None:
     serve = parse(ServeConfig, argv, {"TANDEM_API_KEY": "from-env"}, prog="t", description="")
     assert serve.api_key == ("a", "b")  # the command line replaces the environment's key
     ports = count(41000)
-    _, _, tokenizers = child_configs(serve, lambda: next(ports))
+    tokenizers = [tokenizer_config(serve, "127.0.0.1:1", ports.__next__) for _ in range(2)]
     for t in tokenizers:
         assert (t.http_port, t.api_key, t.tls) == (9001, ("a", "b"), serve.tls)
         path = write_file(t, tmp_path / "t.json")

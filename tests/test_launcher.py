@@ -1,15 +1,21 @@
-"""The launcher's supervision, with a stand-in child (a process that never reports healthy)."""
+"""The launcher's supervision: with a stand-in child (a process that never reports healthy), and
+the start of `tandem serve`'s processes on the tiny random model."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
+import socket
+from pathlib import Path
 
 import pytest
 
-from services.launcher import ProcessSpec, Supervisor, free_port
+from services import launcher
+from services.cli_serve import parse_serve, start_children
+from services.launcher import Child, LaunchFailed, ProcessSpec, Supervisor, free_port
 
 
 @pytest.mark.parametrize("ended_by", ["shutdown", "another kill"])
@@ -26,8 +32,8 @@ async def test_a_restart_cut_short_is_logged_once_and_no_error(
         health_address=f"127.0.0.1:{free_port()}",
         stop_grace_s=10,
     )
-    supervisor = Supervisor([spec], dict(os.environ), ready_timeout_s=120)
-    child = supervisor.children[0]
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=120)
+    child = Child(spec)
     await supervisor._start(child)
     assert child.proc is not None
     first = child.proc
@@ -57,3 +63,70 @@ async def test_a_restart_cut_short_is_logged_once_and_no_error(
     exits = [m for _, m in messages if "exited with code" in m]
     assert exits == (["stand-in exited with code -9; restarting in 2.0 s (restart 2)"]
                      if ended_by == "another kill" else [])  # fmt: skip
+
+
+def _taken(port: int) -> socket.socket:
+    """Another process's listener on `port`."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def _serve_flags(*flags: str) -> list[str]:
+    return ["--model", "llama3-tiny-random", "--port", str(free_port()), "--http-port", "0", *flags]
+
+
+@pytest.mark.slow
+async def test_a_port_taken_after_it_was_picked_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker binds its ports only once its model is loaded: ports picked for it may be taken
+    meanwhile. It is started again on new ones, and the scheduler is told its new address."""
+    thieves: list[socket.socket] = []
+
+    def picked_then_taken() -> int:
+        port = free_port()
+        if len(thieves) < 2:  # the worker's first two: its gRPC port and its metrics port
+            thieves.append(_taken(port))
+        return port
+
+    config = parse_serve(_serve_flags())
+    monkeypatch.setattr(launcher, "free_port", picked_then_taken)
+    caplog.set_level(logging.INFO, logger="tandem.launcher")
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    try:
+        worker, *_ = await start_children(supervisor, config, tmp_path)
+        taken = {str(t.getsockname()[1]) for t in thieves}
+        assert len(taken) == 2
+        assert worker.health_address.rsplit(":", 1)[1] not in taken
+        assert worker.metrics_url.rsplit(":", 1)[1].split("/")[0] not in taken
+        written = json.loads((tmp_path / "scheduler.json").read_text())
+        assert written["worker"] == worker.health_address
+        started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("started")]
+        assert [m.split()[1] for m in started] == ["worker", "worker", "scheduler", "tokenizer-1"]
+        assert any(r.getMessage().startswith("worker could not bind port") for r in caplog.records)
+    finally:
+        await supervisor.stop_all()
+        for thief in thieves:
+            thief.close()
+
+
+@pytest.mark.slow
+async def test_a_port_the_user_gave_that_is_taken_fails_the_start_naming_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tandem.launcher")
+    port = free_port()
+    thief = _taken(port)
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    try:
+        config = parse_serve(_serve_flags("--worker-port", str(port)))
+        with pytest.raises(LaunchFailed, match="worker exited with code 1 while starting"):
+            await start_children(supervisor, config, tmp_path)
+    finally:
+        await supervisor.stop_all()
+        thief.close()
+    assert f"Failed to bind to address 127.0.0.1:{port}" in capfd.readouterr().err
+    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("started")]
+    assert len(started) == 1  # the worker, once: a port the user gave is never changed
