@@ -542,9 +542,17 @@ def test_fp8_graphs_equal_eager_and_stay_close_to_bf16(default_model: Path) -> N
     for a, b in zip(graphed, decode_logits(eager, ids, 6), strict=True):
         assert rel(a, b) < 1e-2
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+    from engine.tokenizer import load_tokenizer
+
     bf16 = Engine.from_path(default_model, "cuda", "bfloat16", 256 << 20, progress=False)
     table = list(range(8))
-    chunk = prompt(100, fp8.config.vocab_size)
+    # A real prompt (bench/quality.py: 88% top-1 agreement over chat prompts): random tokens
+    # leave the model near-ties that any change of rounding flips.
+    text = (
+        "Explain how a rainbow forms, and why the sky is blue. Then write a Python function "
+        "that checks whether a number is prime, and name the capital of Australia."
+    )
+    chunk = load_tokenizer(default_model).encode_chat([{"role": "user", "content": text}])
     a = bf16.model.logits(bf16.forward([SeqInput("s", chunk, 0, table)]))
     b = fp8.model.logits(fp8.forward([SeqInput("s", chunk, 0, table)]))
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.7
