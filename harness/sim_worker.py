@@ -53,7 +53,7 @@ class CostModel:
     per_seq_s: float = 10e-6
 
     def step_time(self, plan: StepPlan) -> float:
-        compute = self.per_token_s * plan.total_tokens
+        compute = self.per_token_s * (plan.num_prefill_tokens + plan.num_decode_tokens)
         return self.fixed_s + max(self.weights_s, compute) + self.per_seq_s * plan.num_seqs
 
 
