@@ -1,5 +1,5 @@
 """The launcher's supervision: with a stand-in child (a process that never reports healthy), and
-the start of `tandem serve`'s processes on the tiny random model."""
+the start of `tandem serve`'s processes on the tiny random model, up to what `make run` does."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,33 @@ async def test_a_port_the_user_gave_that_is_taken_fails_the_start_naming_it(
     assert f"Failed to bind to address 127.0.0.1:{port}" in capfd.readouterr().err
     started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("started")]
     assert len(started) == 1  # the worker, once: a port the user gave is never changed
+
+
+@pytest.mark.slow
+async def test_serve_demo_streams_a_reply_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    """What `make run` does (README): the pipeline on the CPU answers one streamed chat prompt,
+    serves on, and Ctrl-C stops every process, exit code 0, nothing left in /dev/shm."""
+    shm = Path("/dev/shm")
+    before = {p.name for p in shm.glob("tandem-*")}
+    argv = ["-c", "from services.cli import main; main()", "serve", "--demo", "Say hello."]
+    with (tmp_path / "serve.log").open("w") as log:
+        serve = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, *_serve_flags(), stdout=asyncio.subprocess.PIPE, stderr=log
+        )
+        assert serve.stdout is not None
+        lines = []
+        try:
+            async with asyncio.timeout(300):
+                while not lines or "still serving; Ctrl-C stops" not in lines[-1]:
+                    line = (await serve.stdout.readline()).decode()
+                    assert line, "tandem serve ended: " + "".join(lines)
+                    lines.append(line)
+        finally:
+            serve.send_signal(signal.SIGINT)
+            async with asyncio.timeout(120):
+                code = await serve.wait()
+    out = "".join(lines)
+    assert "tandem serving llama3-tiny-random" in out and "> Say hello." in out
+    assert "[128 tokens, length]" in out or "tokens, stop]" in out  # a whole reply streamed
+    assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    assert {p.name for p in shm.glob("tandem-*")} <= before  # every segment unlinked
