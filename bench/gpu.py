@@ -371,8 +371,15 @@ def measure_fp8(
 
 
 def run_pipeline(
-    c: Any, steps: int, out_len: int, roofline_b1: float, concurrencies: list[int]
+    c: Any,
+    steps: int,
+    out_len: int,
+    roofline_b1: float,
+    concurrencies: list[int],
+    system: str = "tandem pipeline",
+    *extra: str,
 ) -> None:
+    """`extra`: more flags of `tandem serve`, the rows' system named `system`."""
     from harness.pipeline import pipeline
 
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))
@@ -389,11 +396,12 @@ def run_pipeline(
         "256",
         "--ready-timeout",
         "600",
+        *extra,
     )
     try:
         started = time.perf_counter()
         with pipeline(log_dir, *flags) as served:
-            row("8B start-up (until ready)", "tandem pipeline", time.perf_counter() - started, "s")
+            row("8B start-up (until ready)", system, time.perf_counter() - started, "s")
             for k, n in enumerate(concurrencies):
                 for j, label in enumerate(("first run", "warm")):
                     # Other prompts each run: the scheduler's prefix cache outlives a run.
@@ -407,7 +415,7 @@ def run_pipeline(
                     )  # fmt: skip
                     row(
                         f"8B workload, {n} requests",
-                        f"tandem pipeline, {label}",
+                        f"{system}, {label}",
                         run.tokens_per_s,
                         "tok/s",
                         FLOORS.get(n, 0.0),
@@ -426,7 +434,7 @@ def run_pipeline(
             )
             row(
                 "8B batch-1 decode",
-                "tandem pipeline",
+                system,
                 1000 / one.itl_p50_ms,
                 "tok/s",
                 roofline_b1,
@@ -445,6 +453,11 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="fewer steps, smaller batches")
     parser.add_argument("--skip-pipeline", action="store_true")
+    parser.add_argument(
+        "--pipeline-ab",
+        action="store_true",
+        help="the pipeline rows again with --no-overlap-steps (the worker's overlap, A/B)",
+    )
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-int8", action="store_true")
     parser.add_argument("--skip-fp8", action="store_true")
@@ -509,11 +522,16 @@ def main() -> None:
         free()
 
     if not args.skip_pipeline:
-        try:
-            run_pipeline(c, steps, out_len, roofline_b1, [n for n in concurrencies if n >= 64])
-        except Exception as err:  # a broken pipeline must not lose the other measurements
-            print(f"pipeline run failed: {err!r}", flush=True)
-            ROWS.append({"case": "pipeline", "error": repr(err)})
+        runs = [("tandem pipeline",)]
+        if args.pipeline_ab:
+            runs.append(("tandem pipeline, no overlap", "--no-overlap-steps"))
+        for system, *extra in runs:
+            try:
+                sizes = [n for n in concurrencies if n >= 64]
+                run_pipeline(c, steps, out_len, roofline_b1, sizes, system, *extra)
+            except Exception as err:  # a broken pipeline must not lose the other measurements
+                print(f"pipeline run failed: {err!r}", flush=True)
+                ROWS.append({"case": "pipeline", "system": system, "error": repr(err)})
 
     if not args.skip_smollm:
         small = Engine.from_path(

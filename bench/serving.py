@@ -113,11 +113,11 @@ class StepProfile:
     @contextmanager
     def active(self) -> Iterator[StepProfile]:
         e = self.engine
-        saved = (e._decode_inputs, e._to_outputs, e.sampler, engine_module.build_metadata)
+        saved = (e._decode_inputs, e.collect, e.sampler, engine_module.build_metadata)
         graphs = e.graphs
         load = graphs._load if graphs is not None else None
         e._decode_inputs = self._timed("prepare", e._decode_inputs, False)  # type: ignore[method-assign]
-        e._to_outputs = self._outputs(e._to_outputs)  # type: ignore[method-assign]
+        e.collect = self._outputs(e.collect)  # type: ignore[method-assign]
         e.sampler = self._timed("sample", e.sampler, False)  # type: ignore[assignment]
         engine_module.build_metadata = self._timed("prepare", engine_module.build_metadata, True)
         if graphs is not None and load is not None:
@@ -125,7 +125,7 @@ class StepProfile:
         try:
             yield self
         finally:
-            e._decode_inputs, e._to_outputs, e.sampler, engine_module.build_metadata = saved  # type: ignore[method-assign]
+            e._decode_inputs, e.collect, e.sampler, engine_module.build_metadata = saved  # type: ignore[method-assign]
             if graphs is not None:
                 del graphs._load
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.upload import to_device
+
 
 @dataclass
 class PrefillSpan:
@@ -114,8 +116,8 @@ def build_metadata(
             span = PrefillSpan(row, row + length, None, None)
             if start > 0:
                 mask = positions[None, :] <= positions[start:, None]  # (q_len, ctx)
-                span.key_slots = torch.from_numpy(seq_slots).to(device)
-                span.mask = torch.from_numpy(mask).to(device)
+                span.key_slots = to_device(seq_slots, device)
+                span.mask = to_device(mask, device)
             prefills.append(span)
         row += length
     decodes: DecodeGroup | None = None
@@ -130,13 +132,13 @@ def build_metadata(
         new_slots = tables[np.arange(n), new_pos // block_size] * block_size + new_pos % block_size
         for j, i in enumerate(decode_idx):
             slot_parts[i] = new_slots[j : j + 1]
-        rows = torch.tensor([row_of[i] for i in decode_idx]).to(device)
+        rows = to_device([row_of[i] for i in decode_idx], device)
         if decode_kernel is not None:
             # The kernel walks the block tables itself: no per-key slots to build.
             decodes = KernelDecode(
                 rows,
-                torch.from_numpy(tables).to(device),
-                torch.from_numpy(ctx_lens).to(device),
+                to_device(tables, device),
+                to_device(ctx_lens, device),
                 decode_kernel,
             )
         else:
@@ -145,10 +147,10 @@ def build_metadata(
             valid = positions[None, :] < ctx_lens[:, None]  # (B, max_ctx)
             decodes = GatherDecode(
                 rows,
-                torch.from_numpy(key_slots).to(device),
-                torch.from_numpy(valid).to(device)[:, None, None, :],
+                to_device(key_slots, device),
+                to_device(valid, device)[:, None, None, :],
             )
-    slot_mapping = torch.from_numpy(np.concatenate(slot_parts)).to(device)
+    slot_mapping = to_device(np.concatenate(slot_parts), device)
     return AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decodes=decodes)
 
 

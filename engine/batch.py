@@ -7,11 +7,17 @@ from dataclasses import dataclass, field
 
 from engine.sampling_params import GREEDY, SamplingParams
 
+# A token not known to the caller yet: the one the engine sampled for this sequence in the step
+# submitted just before (Engine.submit). The engine puts it in place on the device, so a caller
+# can submit a decode step while the step that samples its input still runs.
+FROM_LAST_STEP = -1
+
 
 @dataclass
 class SeqInput:
     seq_id: Hashable  # the caller's key for the sequence (the worker's: its integer seq id)
-    token_ids: Sequence[int]  # the new tokens: a prefill chunk, or the last sampled token
+    token_ids: Sequence[int]  # the new tokens: a prefill chunk, or the last sampled token (or
+    # FROM_LAST_STEP)
     start_pos: int  # position of token_ids[0] in the sequence
     block_table: Sequence[int]  # the sequence's KV blocks in order, covering every position
     sampling: SamplingParams = GREEDY

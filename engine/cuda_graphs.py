@@ -18,19 +18,28 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata, KernelDecode
-from engine.batch import SeqInput
+from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.errors import InvalidRequest
 from engine.kernels.greedy import GreedyPicks
 from engine.kernels.paged_decode import PagedDecode
 from engine.kv_cache import KVCache
 from engine.model import Transformer
 from engine.row_decode import RowDecoder
+
+
+class Fill(Protocol):
+    @property
+    def at(self) -> torch.Tensor: ...  # (F,) rows
+
+    @property
+    def tokens(self) -> torch.Tensor: ...  # (F,) their tokens
+
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # Columns of a static input row: token, position, slot, context length, then the block table.
@@ -179,11 +188,17 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(
-        self, batch: Sequence[SeqInput], tokens: np.ndarray, positions: np.ndarray
+        self,
+        batch: Sequence[SeqInput],
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        fill: Fill | None = None,
     ) -> GraphOutputs:
         """The outputs of a decode-only batch (its tokens and positions (n,)), n rows; the
-        bucket must exist."""
+        bucket must exist. `fill`: tokens put in place on the device (FROM_LAST_STEP)."""
         size, outputs = self._load(batch, tokens, positions)
+        if fill is not None:
+            self.rows[:, _TOKEN].index_copy_(0, fill.at, fill.tokens)
         self.graphs[size][0].replay()
         return outputs
 
@@ -237,17 +252,19 @@ class StepAhead:
     def matches(self, batch: Sequence[SeqInput]) -> bool:
         """`batch` is the very step replayed: same sequences, positions, tokens and blocks."""
         n = len(self.seq_ids)
+        tokens = self.tokens or [FROM_LAST_STEP] * n  # not collected yet: known on the device only
         return (
             len(batch) == n
-            and len(self.tokens) == n
+            and len(tokens) == n
             and all(
                 seq.seq_id == seq_id
                 and seq.start_pos == pos
                 and len(seq.token_ids) == 1
-                and seq.token_ids[0] == token
+                # FROM_LAST_STEP: what the step before sampled, which is what the replay took.
+                and seq.token_ids[0] in (token, FROM_LAST_STEP)
                 and list(seq.block_table) == table
                 for seq, seq_id, pos, token, table in zip(
-                    batch, self.seq_ids, self.positions, self.tokens, self.tables, strict=True
+                    batch, self.seq_ids, self.positions, tokens, self.tables, strict=True
                 )
             )
         )

@@ -1,10 +1,14 @@
-"""`Engine.step(batch)`: one forward pass for a batch of sequences over a shared paged KV cache."""
+"""`Engine.step(batch)`: one forward pass for a batch of sequences over a shared paged KV cache
+(`submit` and `collect`, its two halves, let a caller queue the next step before this one ends)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -13,7 +17,7 @@ import torch
 
 from engine import cpu_kernels
 from engine.attention import build_metadata
-from engine.batch import SeqInput, SeqOutput
+from engine.batch import FROM_LAST_STEP, SeqInput, SeqOutput
 from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache, pool_dtype
@@ -21,6 +25,7 @@ from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
 from engine.sampling import Sampler
 from engine.tensor_parallel import SINGLE, TensorParallel, rank_device
+from engine.upload import to_device
 from engine.warm_up import representative_batches, warm_up_batches
 
 if TYPE_CHECKING:  # imports Triton: only on CUDA
@@ -103,6 +108,8 @@ class Engine:
         # outside the graph like any other row (benchmarks compare the two).
         self.greedy_in_graph = True
         self._ahead: StepAhead | None = None
+        # The sampled tokens of the step submitted last, for the next step's FROM_LAST_STEP.
+        self._last: _Last | None = None
         # Seconds each stage of the start took (Engine.from_path fills "load" and "warm_up").
         self.start_times: dict[str, float] = {}
         started = time.perf_counter()
@@ -194,7 +201,7 @@ class Engine:
         )
         for batch in batches:
             self.step(batch)
-        self._ahead = None  # a step replayed ahead for a warm-up sequence: never asked for
+        self._ahead = self._last = None  # of warm-up sequences: never asked for again
         self.release(s.seq_id for batch in batches for s in batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -224,9 +231,9 @@ class Engine:
             followers.close()
 
     @torch.inference_mode()
-    def forward(self, batch: Sequence[SeqInput]) -> torch.Tensor:
+    def forward(self, batch: Sequence[SeqInput], fill: _Fill | None = None) -> torch.Tensor:
         """Write the batch's K/V into the cache and return its final hidden states (T, dim)."""
-        self._validate(batch)
+        self._validate(batch, fill is not None)
         tokens: list[int] = []
         positions: list[int] = []
         for seq in batch:
@@ -241,12 +248,10 @@ class Engine:
             self.decode_kernel,
         )
         run = self.native if self.native is not None and NativeDecoder.serves(meta) else self.model
-        return run(
-            torch.tensor(tokens, device=self.device),
-            torch.tensor(positions, device=self.device),
-            meta,
-            self.kv,
-        )
+        token_ids = to_device(tokens, self.device)
+        if fill is not None:
+            token_ids.index_copy_(0, fill.at, fill.tokens)
+        return run(token_ids, to_device(positions, self.device), meta, self.kv)
 
     @torch.inference_mode()
     def step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
@@ -257,10 +262,10 @@ class Engine:
             return []
         followers = self.followers
         if followers is None:
-            return self._step(batch)
+            return self.collect(self.submit(batch))
         followers.send_step(batch)
         try:
-            outputs = self._step(batch)
+            outputs = self.collect(self._submit(batch))
         except Exception as err:
             followers.check(err)  # a dead rank is why: say that instead
             raise
@@ -268,14 +273,31 @@ class Engine:
         followers.check()
         return outputs
 
-    def _step(self, batch: Sequence[SeqInput]) -> list[SeqOutput]:
+    @torch.inference_mode()
+    def submit(self, batch: Sequence[SeqInput]) -> Submitted:
+        """Launch one step; `collect` waits for it and returns its outputs. On CUDA this returns
+        once the step is queued on the device, so the caller can prepare and submit the next one
+        (whose decodes may take FROM_LAST_STEP) while this one runs. Not on a tensor-parallel
+        group: its ranks each sample, and only `step` keeps them in agreement."""
+        if self.followers is not None:
+            raise RuntimeError("a tensor-parallel group steps through Engine.step")
+        return self._submit(batch)
+
+    def _submit(self, batch: Sequence[SeqInput]) -> Submitted:
+        last, self._last = self._last, None
+        if last is not None and any(
+            FROM_LAST_STEP in s.token_ids and s.sampling.uses_penalties for s in batch
+        ):
+            # A penalty's history is kept on the host: it needs the token itself.
+            batch, last = last.resolved(batch), None
+        fill = _Fill.of(batch, last, self.device)
         ahead, self._ahead = self._ahead, None
-        graphed = self._graph_outputs(batch, ahead)  # a decode-only batch, through its graph
-        hidden = self.forward(batch) if graphed is None else None  # (T, dim)
+        graphed = self._graph_outputs(batch, ahead, fill)  # a decode-only batch, through its graph
+        hidden = self.forward(batch, fill) if graphed is None else None  # (T, dim)
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
-            return []
+            return Submitted([], torch.empty(0, 2), 0)
         seqs = [batch[i] for i in sampled]
         if (
             graphed is not None
@@ -293,11 +315,11 @@ class Engine:
             if graphed is not None:
                 logits = graphed.logits
                 if len(sampled) < len(batch):  # only the rows that sample
-                    logits = logits.index_select(0, torch.tensor(sampled, device=self.device))
+                    logits = logits.index_select(0, to_device(sampled, self.device))
             else:
                 assert hidden is not None
                 ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
-                rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.device)
+                rows = to_device([ends[i] - 1 for i in sampled], self.device)
                 logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
             out = self.sampler(
                 logits,
@@ -307,12 +329,42 @@ class Engine:
                 [s.prompt_len for s in seqs],
             )
             packed, tokens, n_top = out.packed(), out.token_ids, out.n_top
-        # One sequence decoding through a graph: replay its next step while the host is busy.
-        ahead_ok = graphed is not None and self.replay_ahead and len(batch) == len(sampled) == 1
-        return self._to_outputs(seqs, packed, n_top, (batch, tokens) if ahead_ok else None)
+        submitted = Submitted(seqs, packed, n_top)
+        if packed.is_cuda:
+            # The step's one host sync (in collect): ids, logprobs and alternatives come back
+            # in one transfer.
+            submitted.packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            submitted.packed.copy_(packed, non_blocking=True)
+            submitted.done = torch.cuda.Event()
+            submitted.done.record()
+        # One sequence decoding through a graph: replay its next step while the host is busy
+        # (queued behind the copy, so that collect's wait does not wait for it too).
+        one_row = len(batch) == len(sampled) == 1
+        if graphed is not None and self.graphs is not None and self.replay_ahead and one_row:
+            tokens = tokens.clone()  # the graph's own buffer: the replay ahead overwrites it
+            self._ahead = submitted.ahead = self.graphs.replay_next(batch, tokens)
+        # A graph's tokens are static too, but the next step reads them (its fill) before it
+        # replays anything.
+        self._last = _Last({s.seq_id: i for i, s in enumerate(seqs)}, tokens, submitted)
+        return submitted
+
+    def collect(self, submitted: Submitted) -> list[SeqOutput]:
+        """The outputs of a submitted step, a sequence each that sampled; waits for the device."""
+        if submitted.done is not None:
+            submitted.done.synchronize()
+        rows = submitted.packed.tolist()
+        if submitted.ahead is not None:
+            submitted.ahead.tokens = [int(row[0]) for row in rows]
+        n_top = submitted.n_top
+        outputs = []
+        for row, seq in zip(rows, submitted.seqs, strict=True):
+            n = min(seq.sampling.logprobs, n_top)
+            top = [(int(row[2 + j]), row[2 + n_top + j]) for j in range(n)] if n else []
+            outputs.append(SeqOutput(seq.seq_id, int(row[0]), row[1], top))
+        return outputs
 
     def _graph_outputs(
-        self, batch: Sequence[SeqInput], ahead: StepAhead | None
+        self, batch: Sequence[SeqInput], ahead: StepAhead | None, fill: _Fill | None
     ) -> GraphOutputs | None:
         """A decode-only batch replayed through its CUDA graph (or already replayed ahead, if it
         is `ahead`'s step); None where there is no graph for it."""
@@ -324,7 +376,7 @@ class Engine:
             return None
         if ahead is not None and ahead.matches(batch):
             return ahead.outputs
-        return graphs.run(batch, *inputs)
+        return graphs.run(batch, *inputs, fill)
 
     def _decode_inputs(self, batch: Sequence[SeqInput]) -> tuple[np.ndarray, np.ndarray] | None:
         """Tokens and positions (n,) of a batch of single-token decodes, checked as `_validate`
@@ -336,49 +388,18 @@ class Engine:
         tokens = np.fromiter((s.token_ids[0] for s in batch), np.int64, n)
         positions = np.fromiter((s.start_pos for s in batch), np.int64, n)
         if positions.min() <= 0:  # a one-token prompt; or a bad position, which _validate names
-            self._validate(batch)
+            self._validate(batch, filled=True)
             return None
         blocks = np.fromiter((len(s.block_table) for s in batch), np.int64, n)
         if not (
-            tokens.min() >= 0
+            tokens.min() >= FROM_LAST_STEP  # each FROM_LAST_STEP has its fill (_Fill.of)
             and tokens.max() < self.config.vocab_size
             and positions.max() < self.config.max_seq_len
             and (blocks * self.block_size > positions).all()
             and len({s.seq_id for s in batch}) == n
         ):
-            self._validate(batch)  # raises, naming the field
+            self._validate(batch, filled=True)  # raises, naming the field
         return tokens, positions
-
-    def _to_outputs(
-        self,
-        seqs: list[SeqInput],
-        packed: torch.Tensor,
-        n_top: int,
-        follow: tuple[Sequence[SeqInput], torch.Tensor] | None = None,
-    ) -> list[SeqOutput]:
-        """packed: SampledBatch.packed's rows. `follow`: a batch and its sampled tokens (on the
-        device), whose next step to replay ahead."""
-        if packed.is_cuda:
-            # The step's one host sync: ids, logprobs and alternatives come back in one transfer.
-            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            host.copy_(packed, non_blocking=True)
-            back = torch.cuda.Event()
-            back.record()
-            # Queued behind the copy, so the wait below does not wait for it too.
-            if follow is not None and self.graphs is not None:
-                self._ahead = self.graphs.replay_next(*follow)
-            back.synchronize()
-            rows = host.tolist()
-            if self._ahead is not None:
-                self._ahead.tokens = [int(row[0]) for row in rows]
-        else:
-            rows = packed.tolist()
-        outputs = []
-        for row, seq in zip(rows, seqs, strict=True):
-            n = min(seq.sampling.logprobs, n_top)
-            top = [(int(row[2 + j]), row[2 + n_top + j]) for j in range(n)] if n else []
-            outputs.append(SeqOutput(seq.seq_id, int(row[0]), row[1], top))
-        return outputs
 
     def _update_history(self, seq: SeqInput) -> tuple[list[int], int] | None:
         if not seq.sampling.uses_penalties:
@@ -397,8 +418,10 @@ class Engine:
         history.extend(seq.token_ids)
         return history, seq.prompt_len
 
-    def _validate(self, batch: Sequence[SeqInput]) -> None:
+    def _validate(self, batch: Sequence[SeqInput], filled: bool = False) -> None:
+        """filled: the batch's FROM_LAST_STEP tokens are put in place on the device (_Fill)."""
         vocab = self.config.vocab_size
+        lowest = FROM_LAST_STEP if filled else 0
         seen: set[Hashable] = set()
         for seq in batch:
             if seq.seq_id in seen:
@@ -416,7 +439,7 @@ class Engine:
                     f"of {self.config.max_seq_len}",
                 )
             # min/max run in C: a step of hundreds of sequences checks in microseconds.
-            if min(seq.token_ids) < 0 or max(seq.token_ids) >= vocab:
+            if min(seq.token_ids) < lowest or max(seq.token_ids) >= vocab:
                 raise InvalidRequest(
                     "token_ids", f"sequence {seq.seq_id} has ids outside [0, {vocab})"
                 )
@@ -431,3 +454,81 @@ class Engine:
                     f"sequence {seq.seq_id}: {len(seq.block_table)} blocks cannot hold {end} "
                     "positions",
                 )
+
+
+@dataclass
+class Submitted:
+    """A step on its way (Engine.submit): its sampling rows, and where their values arrive."""
+
+    seqs: list[SeqInput]  # the rows that sample, in order
+    packed: torch.Tensor  # SampledBatch.packed's rows, on the host (on CUDA: once `done`)
+    n_top: int
+    done: torch.cuda.Event | None = None  # recorded after the copy to the host; None on CPU
+    ahead: StepAhead | None = None  # the step after it, replayed ahead; told its tokens
+
+
+@dataclass
+class _Last:
+    """The sampled tokens of the step submitted last (on the device), by sequence."""
+
+    rows: dict[Hashable, int]
+    tokens: torch.Tensor  # (S,) int64
+    submitted: Submitted
+
+    def resolved(self, batch: Sequence[SeqInput]) -> list[SeqInput]:
+        """`batch` with every FROM_LAST_STEP replaced by its token, read on the host."""
+        if self.submitted.done is not None:
+            self.submitted.done.synchronize()
+        tokens = self.submitted.packed[:, 0].tolist()
+        out = []
+        for seq in batch:
+            if FROM_LAST_STEP in seq.token_ids:
+                ids = [_token(tokens, self.rows, seq, t) for t in seq.token_ids]
+                seq = dataclasses.replace(seq, token_ids=ids)
+            out.append(seq)
+        return out
+
+
+def _token(tokens: list[float], rows: dict[Hashable, int], seq: SeqInput, token: int) -> int:
+    if token != FROM_LAST_STEP:
+        return token
+    if seq.seq_id not in rows:
+        raise InvalidRequest("token_ids", _NOT_SAMPLED.format(seq.seq_id))
+    return int(tokens[rows[seq.seq_id]])
+
+
+_NOT_SAMPLED = "sequence {} takes FROM_LAST_STEP, but the step before sampled nothing for it"
+
+
+class _Fill:
+    """Where a step's FROM_LAST_STEP tokens go among its new tokens (`at`), and those tokens;
+    both on the device, made when first asked for (a step replayed ahead needs neither)."""
+
+    def __init__(self, at: list[int], rows: list[int], last: _Last, device: torch.device) -> None:
+        self._at, self._rows, self._last, self._device = at, rows, last, device
+
+    @functools.cached_property
+    def at(self) -> torch.Tensor:  # (F,) int64
+        return to_device(self._at, self._device)
+
+    @functools.cached_property
+    def tokens(self) -> torch.Tensor:  # (F,) int64
+        return self._last.tokens.index_select(0, to_device(self._rows, self._device))
+
+    @staticmethod
+    def of(batch: Sequence[SeqInput], last: _Last | None, device: torch.device) -> _Fill | None:
+        at: list[int] = []
+        rows: list[int] = []
+        offset = 0
+        for seq in batch:
+            ids = seq.token_ids
+            if FROM_LAST_STEP in ids:
+                row = None if last is None else last.rows.get(seq.seq_id)
+                if row is None:
+                    raise InvalidRequest("token_ids", _NOT_SAMPLED.format(seq.seq_id))
+                for j, token in enumerate(ids):
+                    if token == FROM_LAST_STEP:
+                        at.append(offset + j)
+                        rows.append(row)
+            offset += len(ids)
+        return None if last is None or not at else _Fill(at, rows, last, device)

@@ -16,6 +16,7 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.sampling_params import SamplingParams
+from engine.upload import to_device
 
 
 @dataclass
@@ -81,13 +82,13 @@ class Sampler:
         chosen = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            rows = torch.tensor(random_rows, device=device)
+            rows = to_device(random_rows, device)
             sub = [params[i] for i in random_rows]
             probs = self._filtered_probs(logits.index_select(0, rows), sub)
             seeds = [p.seed if p.seed is not None else self._rng.getrandbits(63) for p in sub]
             noise = uniform_noise(
-                torch.tensor(seeds, device=device),
-                torch.tensor([positions[i] for i in random_rows], device=device),
+                to_device(seeds, device),
+                to_device([positions[i] for i in random_rows], device),
                 logits.shape[-1],
             )
             picked = (probs / -torch.log(noise)).argmax(dim=-1)  # exponential race
@@ -169,18 +170,18 @@ class Sampler:
     def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
         """Temperature, then top-k, top-p and min-p, as renormalised probabilities (R, V)."""
         device = logits.device
-        temps = torch.tensor([p.temperature for p in params], device=device)[:, None]
+        temps = to_device([p.temperature for p in params], device)[:, None]
         probs = torch.softmax(logits / temps, dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+            min_p = to_device([p.min_p for p in params], device)[:, None]
             probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         if any(p.top_k > 0 or p.top_p < 1 for p in params):
             sorted_probs, order = probs.sort(dim=-1, descending=True)  # (R, V)
             vocab = probs.shape[-1]
-            top_k = torch.tensor([p.top_k or vocab for p in params], device=device)[:, None]
+            top_k = to_device([p.top_k or vocab for p in params], device)[:, None]
             ranks = torch.arange(vocab, device=device)[None, :]
             drop = ranks >= top_k
-            top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+            top_p = to_device([p.top_p for p in params], device)[:, None]
             kept = sorted_probs.masked_fill(drop, 0.0)
             mass_before = kept.cumsum(dim=-1) - kept  # probability of the better-ranked tokens
             drop |= mass_before >= top_p * kept.sum(dim=-1, keepdim=True)

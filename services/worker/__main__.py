@@ -58,9 +58,9 @@ async def serve(config: WorkerConfig) -> int:
         )
         reader = Reader()
         policy = ThreadPolicy(threads, os.cpu_count() or 1) if engine.device.type == "cpu" else None
-        servicer = WorkerServicer(
-            engine, model.model, reader, WorkerTelemetry(tracing, metrics), policy
-        )
+        overlap = e.overlap_steps and engine.device.type == "cuda" and engine.followers is None
+        telemetry = WorkerTelemetry(tracing, metrics)
+        servicer = WorkerServicer(engine, model.model, reader, telemetry, policy, overlap)
 
         async def stop() -> None:
             servicer.stop_loop()

@@ -67,6 +67,11 @@ class EngineSettings:
         "GPU a rank on CUDA, gloo on CPU); the KV cache size is per rank",
     )
     gpu_memory_fraction: float = flag(0.9, "share of the GPU for weights, activations and KV cache")
+    overlap_steps: bool = flag(
+        True,
+        "the worker launches each step before it has read the tokens of the step before, which "
+        "the engine feeds it on the device (CUDA with one rank; elsewhere off)",
+    )
 
     def __post_init__(self) -> None:
         if self.kv_cache_mb < 0:

@@ -1,18 +1,18 @@
-"""Running one step descriptor through the engine: the worker's whole job, without transport."""
+"""Running step descriptors through the engine: the worker's whole job, without transport."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import numpy as np
 import torch
 
-from engine.batch import SeqInput
-from engine.engine import Engine
+from engine.batch import FROM_LAST_STEP, SeqInput
+from engine.engine import Engine, Submitted
 from engine.errors import InvalidRequest, RankGroupError
 from engine.sampling_params import SamplingParams
 from services.protocol import PLACEHOLDER, sampling_from_pb
@@ -47,6 +47,22 @@ class SeqState:
     last_token: int = 0
 
 
+@dataclass
+class InFlight:
+    """A step launched (StepRunner.start) and not yet finished."""
+
+    desc: hp.StepDescriptor
+    outcome: hp.StepOutcome  # its failures so far
+    start_ns: int
+    started: float = field(default_factory=time.perf_counter)
+    submitted: Submitted | None = None  # None: nothing went to the engine
+    sampling: set[int] = field(default_factory=set)  # the sequences it samples
+
+    def done(self) -> bool:
+        """Its outputs are ready to collect without waiting."""
+        return self.submitted is None or self.submitted.done is None or self.submitted.done.query()
+
+
 class StepRunner:
     """Keeps per-sequence state (prompt source, sampling) between steps, keyed by seq id."""
 
@@ -71,44 +87,24 @@ class StepRunner:
 
     def run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
         """One step; its telemetry waits for `telemetry.flush()` once the outcome is sent."""
-        start_ns, started = time.time_ns(), time.perf_counter()
-        try:
-            outcome = self._run(desc)
-        except RankGroupError as err:
-            exit_group_lost(self.engine, err)
-        except BaseException as err:
-            self.telemetry.record(desc, None, start_ns, time.perf_counter() - started, err)
-            self.telemetry.flush()
-            raise
-        self.telemetry.record(desc, outcome, start_ns, time.perf_counter() - started)
-        return outcome
+        return self.finish(self.start(desc))
 
-    def _run(self, desc: hp.StepDescriptor) -> hp.StepOutcome:
-        outcome = hp.StepOutcome(step_id=desc.step_id)
-        for seq_id in desc.finished_seq_ids:
-            self.seqs.pop(seq_id, None)
-        self.engine.release(desc.finished_seq_ids)
-        failed: dict[int, str] = {}
-        for new in desc.new_seqs:
-            try:
-                self.seqs[new.seq_id] = self._admit(new)
-            except (ShmError, InvalidRequest) as err:
-                failed[new.seq_id] = str(err)
-                outcome.error = f"sequence {new.seq_id}: {err}"
-        batch = self._batch(desc, set(failed))
-        if self.threads is not None:
-            wanted = self.threads.for_step(desc.num_prefill_tokens, desc.num_decode_tokens)
-            if wanted != torch.get_num_threads():
-                torch.set_num_threads(wanted)
+    def start(self, desc: hp.StepDescriptor, after: InFlight | None = None) -> InFlight:
+        """Launch a step; `finish` waits for it. `after`: the step launched before it and not
+        finished yet, whose sampled tokens fill this one's placeholders on the device."""
+        flight = InFlight(desc, hp.StepOutcome(step_id=desc.step_id), time.time_ns())
         try:
-            outputs = self.engine.step(batch)
-        except InvalidRequest as err:
-            # A bad sequence fails the step's sequences, never the worker.
-            failed.update((int(s.seq_id), str(err)) for s in batch)  # type: ignore[call-overload]
-            outcome.error = str(err)
-            outputs = []
-        outcome.failed_seq_ids.extend(failed)
-        outcome.failed_reasons.extend(failed.values())
+            self._start(flight, after)
+        except BaseException as err:
+            self._failed(flight, err)
+        return flight
+
+    def finish(self, flight: InFlight) -> hp.StepOutcome:
+        outcome = flight.outcome
+        try:
+            outputs = [] if flight.submitted is None else self.engine.collect(flight.submitted)
+        except BaseException as err:
+            self._failed(flight, err)
         top_n = max((len(o.top_logprobs) for o in outputs), default=0)
         outcome.top_n = top_n
         for out in outputs:
@@ -122,7 +118,46 @@ class StepRunner:
                 pad = top_n - len(out.top_logprobs)
                 outcome.top_ids.extend([t for t, _ in out.top_logprobs] + [-1] * pad)
                 outcome.top_logprobs.extend([lp for _, lp in out.top_logprobs] + [0.0] * pad)
+        seconds = time.perf_counter() - flight.started
+        self.telemetry.record(flight.desc, outcome, flight.start_ns, seconds)
         return outcome
+
+    def _failed(self, flight: InFlight, err: BaseException) -> NoReturn:
+        if isinstance(err, RankGroupError):
+            exit_group_lost(self.engine, err)
+        seconds = time.perf_counter() - flight.started
+        self.telemetry.record(flight.desc, None, flight.start_ns, seconds, err)
+        self.telemetry.flush()
+        raise err
+
+    def _start(self, flight: InFlight, after: InFlight | None) -> None:
+        desc, outcome = flight.desc, flight.outcome
+        for seq_id in desc.finished_seq_ids:
+            self.seqs.pop(seq_id, None)
+        self.engine.release(desc.finished_seq_ids)
+        failed: dict[int, str] = {}
+        for new in desc.new_seqs:
+            try:
+                self.seqs[new.seq_id] = self._admit(new)
+            except (ShmError, InvalidRequest) as err:
+                failed[new.seq_id] = str(err)
+                outcome.error = f"sequence {new.seq_id}: {err}"
+        sampling = set() if after is None or after.submitted is None else after.sampling
+        batch = self._batch(desc, set(failed), sampling)
+        if self.threads is not None:
+            wanted = self.threads.for_step(desc.num_prefill_tokens, desc.num_decode_tokens)
+            if wanted != torch.get_num_threads():
+                torch.set_num_threads(wanted)
+        try:
+            flight.submitted = self.engine.submit(batch) if batch else None
+        except InvalidRequest as err:
+            # A bad sequence fails the step's sequences, never the worker.
+            failed.update((int(s.seq_id), str(err)) for s in batch)  # type: ignore[call-overload]
+            outcome.error = str(err)
+        else:
+            flight.sampling = {int(s.seq_id) for s in batch if s.sample}  # type: ignore[call-overload]
+        outcome.failed_seq_ids.extend(failed)
+        outcome.failed_reasons.extend(failed.values())
 
     def _admit(self, new: hp.NewSequence) -> SeqState:
         if new.prompt_handle:
@@ -141,7 +176,9 @@ class StepRunner:
             raise InvalidRequest("prompt", f"ids outside [0, {vocab}): its memory was overwritten")
         return SeqState(prompt, sampling_from_pb(new.sampling), list(new.output_ids))
 
-    def _batch(self, desc: hp.StepDescriptor, skip: set[int]) -> list[SeqInput]:
+    def _batch(self, desc: hp.StepDescriptor, skip: set[int], sampling: set[int]) -> list[SeqInput]:
+        """sampling: sequences sampled by a step still running, whose placeholders the engine
+        fills on the device (FROM_LAST_STEP); the others' from what this worker has seen."""
         batch = []
         inline = desc.inline_tokens
         blocks = desc.blocks
@@ -157,8 +194,9 @@ class StepRunner:
             state = self.seqs.get(seq_id)
             if state is None or seq_id in skip:
                 continue
+            last = FROM_LAST_STEP if seq_id in sampling else state.last_token
             tokens = state.prompt[start : start + from_prompt].tolist() + [
-                state.last_token if t == PLACEHOLDER else t for t in token_slice
+                last if t == PLACEHOLDER else t for t in token_slice
             ]
             prefix = None
             if not state.started and start and state.sampling.uses_penalties:

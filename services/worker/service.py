@@ -17,7 +17,7 @@ from grpc import aio
 
 from engine.engine import Engine
 from services.errors import Unavailable
-from services.worker.runner import StepRunner
+from services.worker.runner import InFlight, StepRunner
 from services.worker.telemetry import WorkerTelemetry
 from services.worker.threads import ThreadPolicy
 from shm.consumer import RingConsumer
@@ -33,13 +33,21 @@ log = logging.getLogger(__name__)
 RESULT_RING_BYTES = 8 << 20
 # How often the ring thread looks up from an idle ring to see whether it should stop.
 _IDLE_CHECK_S = 0.5
+# How often, with a step running and no next one yet, it looks whether the step is done.
+_POLL_S = 100e-6
 
 
 class RingLoop(threading.Thread):
-    def __init__(self, runner: StepRunner, lock: threading.Lock, step_ring: str) -> None:
+    def __init__(
+        self, runner: StepRunner, lock: threading.Lock, step_ring: str, overlap: bool
+    ) -> None:
+        """overlap: launch each step before reading the tokens of the one before it, which the
+        engine then feeds it on the device (Engine.submit); the host's work for a step, and the
+        scheduler's hop, hide behind the GPU's work on the step before."""
         super().__init__(name="step-ring", daemon=True)
         self.runner = runner
         self.lock = lock
+        self.overlap = overlap
         self.steps = RingConsumer.attach(step_ring)
         try:
             self.results = RingProducer.create(RESULT_RING_BYTES)
@@ -49,27 +57,53 @@ class RingLoop(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        running: InFlight | None = None  # launched, its outcome not sent yet
         try:
             while not self.stopping.is_set():
-                try:
-                    record = self.steps.get(timeout=_IDLE_CHECK_S)
-                except TimeoutError:
+                record = self._next(running)
+                if record is None:
+                    if running is not None:  # it is done and no step came to follow it
+                        self._send(running)
+                        running = None
                     continue
                 received = time.monotonic_ns()
                 desc = hp.StepDescriptor.FromString(record)
                 with self.lock:
-                    outcome = self.runner.run(desc)
-                outcome.received_ns = received
-                outcome.sent_ns = time.monotonic_ns()
-                self.results.put(outcome.SerializeToString())
-                self.runner.telemetry.flush()  # while the scheduler plans the next step
+                    flight = self.runner.start(desc, running if self.overlap else None)
+                flight.outcome.received_ns = received
+                if running is not None:
+                    self._send(running)
+                running = flight
+                if not self.overlap:
+                    self._send(running)
+                    running = None
         except PeerGone:
             log.info("scheduler closed the step ring; the worker waits to be attached again")
         except Exception:
             log.exception("the step ring loop failed")
         finally:
+            if running is not None and running.submitted is not None:
+                with self.lock:
+                    self.runner.engine.collect(running.submitted)  # nobody will read it
             self.steps.close()
             self.results.close()
+
+    def _next(self, running: InFlight | None) -> bytes | None:
+        """The next step's record; None after a pause with none, or (with a step running)
+        as soon as that step is done."""
+        while True:
+            try:
+                return self.steps.get(timeout=_IDLE_CHECK_S if running is None else _POLL_S)
+            except TimeoutError:
+                if running is None or running.done():
+                    return None
+
+    def _send(self, flight: InFlight) -> None:
+        with self.lock:
+            outcome = self.runner.finish(flight)
+        outcome.sent_ns = time.monotonic_ns()
+        self.results.put(outcome.SerializeToString())
+        self.runner.telemetry.flush()  # while the scheduler plans the next step
 
     def stop(self) -> None:
         self.stopping.set()
@@ -84,8 +118,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         reader: Reader,
         telemetry: WorkerTelemetry | None = None,
         threads: ThreadPolicy | None = None,
+        overlap: bool = False,
     ) -> None:
+        """overlap: RingLoop's; worth it on CUDA, where a launch returns before the step has run,
+        and not for a tensor-parallel group (Engine.submit)."""
         self.engine = engine
+        self.overlap = overlap
         self.model_name = model_name
         self.runner = StepRunner(engine, reader, telemetry, threads)
         self.lock = threading.Lock()
@@ -119,7 +157,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             log.info("a scheduler attached; steps come as Step calls")
             return wpb.WorkerAttachResponse()
         try:
-            self.loop = RingLoop(self.runner, self.lock, request.step_ring)
+            self.loop = RingLoop(self.runner, self.lock, request.step_ring, self.overlap)
         except ShmError as err:
             raise Unavailable(f"cannot attach the scheduler's ring: {err}") from err
         self.loop.start()

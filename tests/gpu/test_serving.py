@@ -10,7 +10,9 @@ import torch
 
 from bench.serving import run_workload
 from engine import registry
+from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.engine import Engine
+from engine.sampling_params import GREEDY, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -46,3 +48,50 @@ def test_prefill_attention_matches_fp32(start: int) -> None:
     scores = torch.einsum("hqd,hkd->hqk", q.float(), kf) / hd**0.5
     want = torch.einsum("hqk,hkd->hqd", scores.masked_fill(~mask, float("-inf")).softmax(-1), vf)
     assert float((got.float() - want).norm() / want.norm()) < 1e-2
+
+
+def _drive(engine: Engine, ahead: bool) -> dict[str, list[int]]:
+    """Sequence a alone (batch-1 graph steps, replayed ahead), b joining (mixed eager steps), c
+    joining, then decodes of three (graph steps): one step at a time with the tokens in hand, or
+    each submitted before the last is collected, its decodes taking FROM_LAST_STEP."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = engine.config.vocab_size
+    prompts = {s: torch.randint(0, vocab, (n,), generator=gen).tolist() for s, n in
+               (("a", 20), ("b", 33), ("c", 7))}  # fmt: skip
+    joins = {"a": 0, "b": 4, "c": 6}
+    sampling = {"a": GREEDY, "b": SamplingParams(temperature=0.7, seed=3), "c": GREEDY}
+    tables = {s: list(range(8 * i, 8 * i + 8)) for i, s in enumerate(prompts)}
+    out: dict[str, list[int]] = {s: [] for s in prompts}
+    pending = None
+    for k in range(12):
+        batch = []
+        for s, prompt in prompts.items():
+            if k < joins[s]:
+                continue
+            if k == joins[s]:
+                batch.append(SeqInput(s + str(ahead), prompt, 0, tables[s], sampling[s]))
+                continue
+            token = FROM_LAST_STEP if ahead else out[s][-1]
+            pos = len(prompt) + k - joins[s] - 1
+            batch.append(SeqInput(s + str(ahead), [token], pos, tables[s], sampling[s]))
+        if not ahead:
+            outputs = engine.step(batch)
+        else:
+            queued = engine.submit(batch)
+            outputs = engine.collect(pending) if pending is not None else []
+            pending = queued
+        for o in outputs:
+            out[str(o.seq_id)[0]].append(o.token_id)
+    if pending is not None:
+        for o in engine.collect(pending):
+            out[str(o.seq_id)[0]].append(o.token_id)
+    engine.release(s + str(ahead) for s in prompts)
+    return out
+
+
+def test_steps_submitted_ahead_on_cuda_equal_steps_one_at_a_time(tandem_home: Path) -> None:
+    path = registry.resolve("llama3-tiny-random", tandem_home)
+    engine = Engine.from_path(path, "cuda", "bfloat16", 512 << 20, progress=False)
+    expected = _drive(engine, ahead=False)
+    assert [len(t) for t in expected.values()] == [12, 8, 6]
+    assert _drive(engine, ahead=True) == expected

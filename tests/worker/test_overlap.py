@@ -1,0 +1,116 @@
+"""The worker launching each step before reading the tokens of the one before it (on CUDA by
+default) gives the outcomes that running one step at a time gives: through StepRunner, and
+through the step ring's loop."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import registry
+from engine.engine import Engine
+from engine.sampling_params import GREEDY, SamplingParams
+from services.protocol import PLACEHOLDER, sampling_to_pb
+from services.worker.runner import StepRunner
+from services.worker.service import RingLoop
+from shm.consumer import RingConsumer
+from shm.producer import RingProducer
+from shm.reader import Reader
+from tandem.internal.v1 import hotpath_pb2 as hp
+
+SEEDED = SamplingParams(temperature=0.8, top_k=20, seed=11)
+PENALISED = SamplingParams(temperature=0.8, seed=5, frequency_penalty=0.7)
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def engine(tandem_home: Path) -> Engine:
+    path = registry.resolve("llama3-tiny-random", tandem_home)
+    return Engine.from_path(path, kv_cache_bytes=8 << 20, progress=False)
+
+
+def plans() -> list[hp.StepDescriptor]:
+    """Three sequences as an async scheduler plans them: whole prompts, then decodes whose token
+    is the placeholder (what the worker sampled in the step before); the third finishes early."""
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 128256, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+    sampling = [GREEDY, SEEDED, PENALISED]
+    steps = []
+    for k in range(STEPS):
+        desc = hp.StepDescriptor(step_id=k + 1)
+        for i, prompt in enumerate(prompts):
+            if i == 2 and k >= 3:
+                if k == 3:
+                    desc.finished_seq_ids.append(i + 1)
+                continue
+            if k == 0:
+                desc.new_seqs.add(
+                    seq_id=i + 1,
+                    prompt_ids=prompt,
+                    prompt_len=len(prompt),
+                    sampling=sampling_to_pb(sampling[i]),
+                )
+            desc.seq_ids.append(i + 1)
+            desc.start_pos.append(0 if k == 0 else len(prompt) + k - 1)
+            desc.num_tokens.append(len(prompt) if k == 0 else 1)
+            desc.from_prompt.append(len(prompt) if k == 0 else 0)
+            if k:
+                desc.inline_tokens.append(PLACEHOLDER)
+            desc.sample.append(True)
+            desc.block_counts.append(2)
+            desc.blocks.extend([2 * i, 2 * i + 1])
+        steps.append(desc)
+    return steps
+
+
+def tokens(outcomes: list[hp.StepOutcome]) -> list[list[tuple[int, int]]]:
+    for outcome in outcomes:
+        assert not outcome.error and not outcome.failed_seq_ids
+    return [list(zip(o.seq_ids, o.token_ids, strict=True)) for o in outcomes]
+
+
+def one_at_a_time(engine: Engine) -> list[hp.StepOutcome]:
+    runner = StepRunner(engine, Reader())
+    outcomes = [runner.run(desc) for desc in plans()]
+    runner.reset()
+    return outcomes
+
+
+def test_steps_launched_ahead_give_the_same_outcomes(engine: Engine) -> None:
+    expected = tokens(one_at_a_time(engine))
+    runner = StepRunner(engine, Reader())
+    outcomes = []
+    running = None
+    for desc in plans():
+        flight = runner.start(desc, running)
+        if running is not None:
+            outcomes.append(runner.finish(running))
+        running = flight
+    assert running is not None
+    outcomes.append(runner.finish(running))
+    runner.reset()
+    assert tokens(outcomes) == expected
+    assert [len(step) for step in expected] == [3, 3, 3, 2, 2, 2]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_ring_loop_sends_every_outcome_in_order(engine: Engine, overlap: bool) -> None:
+    expected = tokens(one_at_a_time(engine))
+    steps = RingProducer.create(1 << 16)
+    loop = RingLoop(StepRunner(engine, Reader()), threading.Lock(), steps.name, overlap)
+    results = RingConsumer.attach(loop.results.name)
+    loop.start()
+    try:
+        # All queued at once, as an async scheduler's two plans in flight are, and more.
+        for desc in plans():
+            steps.put(desc.SerializeToString())
+        outcomes = [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in range(STEPS)]
+    finally:
+        loop.stop()
+        results.close()
+        steps.close()
+    assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
+    assert tokens(outcomes) == expected
