@@ -45,7 +45,7 @@ from bench.gpu_measure import (
 from bench.pipeline import through_pipeline
 from bench.serving import run_workload, summarize_steps, workload_floor
 from engine import registry
-from engine.batch import SeqInput
+from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.engine import Engine
 from engine.random_weights import RandomWeights
 
@@ -149,9 +149,13 @@ def ttft(engine: Engine, prompt_len: int, repeats: int = 5) -> list[float]:
     return sorted(times)
 
 
-def decode_steps(engine: Engine, n: int, context: int, steps: int) -> float:
+def decode_steps(
+    engine: Engine, n: int, context: int, steps: int, overlapped: bool = False
+) -> float:
     """Tokens/s of decode steps alone with n sequences at `context` tokens: the step the step
-    roofline describes, without the prefills and scheduling of a whole workload around it."""
+    roofline describes, without the prefills and scheduling of a whole workload around it.
+    One step at a time (the median step), or `overlapped` as the worker runs them: each step
+    submitted before the one before it is collected (the mean over all steps)."""
     blocks = -(-(context + steps + 1) // engine.block_size)
     seqs = [(f"s{i}", list(range(i * blocks, (i + 1) * blocks))) for i in range(n)]
     for first in range(0, n, 8):  # prefill in groups: bounded activations
@@ -161,6 +165,19 @@ def decode_steps(engine: Engine, n: int, context: int, steps: int) -> float:
                 for i, (seq_id, t) in enumerate(seqs[first : first + 8], start=first)
             ]
         )
+    if overlapped:
+        start = time.perf_counter()
+        pending = None
+        for step in range(steps):
+            batch = [SeqInput(s, [FROM_LAST_STEP], context + step, t) for s, t in seqs]
+            queued = engine.submit(batch)
+            if pending is not None:
+                engine.collect(pending)
+            pending = queued
+        assert pending is not None
+        engine.collect(pending)
+        engine.release(s for s, _ in seqs)
+        return n * steps / (time.perf_counter() - start)
     tokens = [1] * n
     times = []
     for step in range(steps):
@@ -250,13 +267,14 @@ def measure_8b(
     for n in concurrencies:
         # Step roofline: weights once, plus each sequence's KV read, at mid-generation length.
         step_bytes = wbytes + n * (512 + out_len // 2) * kv_per_token
-        row(
-            f"8B decode steps, {n} seqs",
-            "tandem engine",
-            decode_steps(engine, n, 512 + out_len // 2, min(steps, 64)),
-            "tok/s",
-            n * bandwidth / step_bytes,
-        )
+        for overlapped in (False, True):
+            row(
+                f"8B decode steps, {n} seqs",
+                "tandem engine, overlapped" if overlapped else "tandem engine",
+                decode_steps(engine, n, 512 + out_len // 2, min(steps, 64), overlapped),
+                "tok/s",
+                n * bandwidth / step_bytes,
+            )
     attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim  # QK^T and PV, causal half each
     floor = (2 * params * 2048 + attention_flops) / flops
     times = ttft(engine, 2048)

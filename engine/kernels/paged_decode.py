@@ -117,6 +117,7 @@ class Tiling:
     tile: int
     warps: int = 4
     dynamic: bool = False
+    stages: int = 3  # loop iterations whose loads are in flight at once (Triton's pipelining)
 
 
 class PagedDecode:
@@ -154,16 +155,15 @@ class PagedDecode:
     def part_blocks(self, batch: int) -> int:
         if self.fixed_part_blocks is not None:
             return self.fixed_part_blocks
-        programs = batch * self.n_kv
-        return 16 if programs <= 512 else (32 if programs <= 1024 else 64)
+        # Long partitions pipeline their loads best; a batch of few (sequence, KV head) pairs
+        # needs short ones to give every SM work. The fastest of bench/attention_tiles.py's
+        # variants, timed inside CUDA graphs, at 8-256 sequences of 640 tokens and 16 of 4,096.
+        return 8 if batch * self.n_kv < 128 else 64
 
     def tiling(self, batch: int) -> Tiling:
-        # The fastest of bench/attention_tiles.py's variants at 8-256 sequences of 640 tokens
-        # and 16 of 4,096 (bench/RESULTS-gpu.md).
         if self.fixed_tiling is not None:
             return self.fixed_tiling
-        tile = 64 if batch * self.n_kv > 1024 else 32
-        return Tiling(max(tile, self.block_size), 4, True)
+        return Tiling(max(64, self.block_size), 4, True)
 
     def variant(self, batch: int) -> tuple[int, Tiling]:
         """What the kernel is compiled for at this batch size (the rest are plain arguments)."""
@@ -194,6 +194,7 @@ class PagedDecode:
             GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
             BLOCK=self.block_size, PART_BLOCKS=part_blocks, TILE=tile, DYNAMIC=tiling.dynamic,
             KV_FP8=pool.dtype == torch.float8_e4m3fn, num_warps=tiling.warps,
+            num_stages=tiling.stages,
         )  # fmt: skip
         _merge[(b, n_heads)](
             acc, maxes, sums, out, context_lens,
