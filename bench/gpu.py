@@ -169,7 +169,8 @@ def decode_steps(
         start = time.perf_counter()
         pending = None
         for step in range(steps):
-            batch = [SeqInput(s, [FROM_LAST_STEP], context + step, t) for s, t in seqs]
+            token = FROM_LAST_STEP if step else 1  # the prefills sampled in groups
+            batch = [SeqInput(s, [token], context + step, t) for s, t in seqs]
             queued = engine.submit(batch)
             if pending is not None:
                 engine.collect(pending)
