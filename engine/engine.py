@@ -364,7 +364,7 @@ class Engine:
         return outputs
 
     def _graph_outputs(
-        self, batch: Sequence[SeqInput], ahead: StepAhead | None, fill: _Fill | None
+        self, batch: Sequence[SeqInput], ahead: StepAhead | None, fill: _Fill | None = None
     ) -> GraphOutputs | None:
         """A decode-only batch replayed through its CUDA graph (or already replayed ahead, if it
         is `ahead`'s step); None where there is no graph for it."""
