@@ -258,30 +258,25 @@ class Engine:
         """One forward for all of `batch`; one output per sequence that asked to sample. On
         rank 0 of a tensor-parallel group every rank runs it; a dead rank raises
         RankGroupError (engine/rank_group.py), now and at every later step."""
-        if not batch:
-            return []
-        followers = self.followers
-        if followers is None:
-            return self.collect(self.submit(batch))
-        followers.send_step(batch)
-        try:
-            outputs = self.collect(self._submit(batch))
-        except Exception as err:
-            followers.check(err)  # a dead rank is why: say that instead
-            raise
-        # On NCCL a dead rank's collectives are aborted and return whatever they held.
-        followers.check()
-        return outputs
+        return self.collect(self.submit(batch)) if batch else []
 
     @torch.inference_mode()
     def submit(self, batch: Sequence[SeqInput]) -> Submitted:
         """Launch one step; `collect` waits for it and returns its outputs. On CUDA this returns
         once the step is queued on the device, so the caller can prepare and submit the next one
-        (whose decodes may take FROM_LAST_STEP) while this one runs. Not on a tensor-parallel
-        group: its ranks each sample, and only `step` keeps them in agreement."""
-        if self.followers is not None:
-            raise RuntimeError("a tensor-parallel group steps through Engine.step")
-        return self._submit(batch)
+        (whose decodes may take FROM_LAST_STEP) while this one runs."""
+        followers = self.followers
+        if followers is None:
+            return self._submit(batch)
+        if any(FROM_LAST_STEP in s.token_ids for s in batch):
+            # Each rank would take its own sample, and unseeded samples differ between ranks.
+            raise InvalidRequest("token_ids", "a tensor-parallel group takes no FROM_LAST_STEP")
+        followers.send_step(batch)
+        try:
+            return self._submit(batch)
+        except Exception as err:
+            followers.check(err)  # a dead rank is why: say that instead
+            raise
 
     def _submit(self, batch: Sequence[SeqInput]) -> Submitted:
         last, self._last = self._last, None
@@ -350,8 +345,17 @@ class Engine:
 
     def collect(self, submitted: Submitted) -> list[SeqOutput]:
         """The outputs of a submitted step, a sequence each that sampled; waits for the device."""
-        if submitted.done is not None:
-            submitted.done.synchronize()
+        followers = self.followers
+        try:
+            if submitted.done is not None:
+                submitted.done.synchronize()
+        except Exception as err:
+            if followers is not None:
+                followers.check(err)
+            raise
+        if followers is not None:
+            # On NCCL a dead rank's collectives are aborted and return whatever they held.
+            followers.check()
         rows = submitted.packed.tolist()
         if submitted.ahead is not None:
             submitted.ahead.tokens = [int(row[0]) for row in rows]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
-from engine.batch import SeqInput
+from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.config import ModelConfig
 from engine.errors import InvalidRequest, RankGroupError
 from engine.loader import load_model
@@ -169,6 +169,9 @@ def test_a_rank_group_steps_as_one_engine_and_a_dead_rank_fails_it_clearly(
         engine.release(["s"])
         with pytest.raises(InvalidRequest, match="block_table"):  # a bad request: the group goes on
             engine.step([SeqInput("bad", [1, 2], 0, [10**6])])
+        # Each rank would take its own sample: a group takes the tokens themselves.
+        with pytest.raises(InvalidRequest, match="takes no FROM_LAST_STEP"):
+            engine.submit([SeqInput("s", [FROM_LAST_STEP], 8, [0, 1])])
         assert greedy(engine, 4) == want[:4]
         follower = engine.followers.followers[0]
         os.kill(follower.pid, signal.SIGKILL)
