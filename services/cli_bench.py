@@ -125,22 +125,18 @@ def _priority_mix(text: str) -> tuple[tuple[int, float], ...]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def targets_from_args(backends: list[str] | None, urls: list[str] | None) -> tuple[Target, ...]:
-    names = [backend_named(b) for b in backends or ["tandem"]]
-    if urls is None:
-        return tuple(Target(b, DEFAULT_URLS[b]) for b in names)
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    names = [backend_named(b) for b in args.backend or ["tandem"]]
+    urls = args.url or [DEFAULT_URLS[b] for b in names]
     if len(urls) != len(names):
         raise BenchConfigError(
             f"give one --url per --backend ({len(names)} backends, {len(urls)} urls)"
         )
-    return tuple(Target(b, u) for b, u in zip(names, urls, strict=True))
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    targets = tuple(Target(b, u) for b, u in zip(names, urls, strict=True))
     # The workload flags are named as BenchConfig's fields.
     values = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if f.name in vars(args)}
     values.update(api_key=args.api_key or None, progress=not args.no_progress)
-    return BenchConfig(targets=targets_from_args(args.backend, args.url), **values)
+    return BenchConfig(targets=targets, **values)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -50,16 +50,7 @@ class Generation(GenerationBase):
     iterates cancels the call, and with it the work on the server.
     """
 
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._deltas()
-
-    async def __anext__(self) -> Delta:
-        delta = await self._next()
-        if delta is None:
-            raise StopAsyncIteration
-        return delta
-
-    async def _deltas(self) -> AsyncIterator[Delta]:
+    async def __aiter__(self) -> AsyncIterator[Delta]:
         # A fresh generator per loop: a loop left early drops it at once, and asyncio then closes
         # it, which runs this `finally` even while the caller still holds the Generation.
         try:
@@ -67,6 +58,12 @@ class Generation(GenerationBase):
                 yield delta
         finally:
             self.cancel()
+
+    async def __anext__(self) -> Delta:
+        delta = await self._next()
+        if delta is None:
+            raise StopAsyncIteration
+        return delta
 
     async def _next(self) -> Delta | None:
         while not self._done:

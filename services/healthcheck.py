@@ -14,18 +14,6 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m services.healthcheck", description=__doc__)
-    parser.add_argument("address", help="HOST:PORT of a tandem process's gRPC server")
-    parser.add_argument(
-        "--service", default="", help="a service name to ask about (default: the whole process)"
-    )
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
-    return parser.parse_args(argv)
-
 
 def check(address: str, service: str, timeout_s: float) -> tuple[bool, str]:
     """Whether `service` at `address` is SERVING, and a one-line reason to print."""
@@ -38,12 +26,18 @@ def check(address: str, service: str, timeout_s: float) -> tuple[bool, str]:
             code = err.code() if isinstance(err, grpc.Call) else None
             return False, f"{address}: {code.name if code else 'error'}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    return reply.status == SERVING, f"{address}: {status}"
+    return status == "SERVING", f"{address}: {status}"
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.healthcheck", description=__doc__)
+    parser.add_argument("address", help="HOST:PORT of a tandem process's gRPC server")
+    parser.add_argument(
+        "--service", default="", help="a service name to ask about (default: the whole process)"
+    )
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
     try:
-        args = parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as done:  # --help exits 0; argparse's usage errors would exit 2
         return 0 if done.code == 0 else 1
     healthy, reason = check(args.address, args.service, args.timeout)

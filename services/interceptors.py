@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -21,11 +22,11 @@ from services.errors import status_of
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
 class Undecodable:
     """What a request that does not parse is handed to the handler as."""
 
-    def __init__(self, error: DecodeError) -> None:
-        self.message = f"request: {error}"
+    message: str
 
 
 def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -36,7 +37,7 @@ def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | 
         try:
             return parse(data)
         except DecodeError as err:
-            return Undecodable(err)
+            return Undecodable(f"request: {err}")
 
     return tolerant
 
@@ -55,17 +56,6 @@ async def _abort_with(context: aio.ServicerContext, err: Exception, method: str)
         await context.abort(*status)
 
 
-def _checked(behavior: Callable[..., Any]) -> Callable[..., Any]:
-    """grpc's own servicers (health) with undecodable requests refused; they are coroutines,
-    streaming or not (a streaming one writes with context.write)."""
-
-    async def checked(request: Any, context: aio.ServicerContext) -> Any:
-        await _refuse(request, context)
-        return await behavior(request, context)
-
-    return checked
-
-
 class ErrorInterceptor(aio.ServerInterceptor):
     async def intercept_service(
         self,
@@ -78,11 +68,17 @@ class ErrorInterceptor(aio.ServerInterceptor):
         method = details.method
         kind = "unary_unary" if handler.unary_unary is not None else "unary_stream"
         inner = getattr(handler, kind)
-        # Health and reflection are grpc's own servicers (and stream with context.write).
+        wrapped: Callable[..., Any]
+        # Health and reflection are grpc's own servicers: coroutines, streaming or not (a
+        # streaming one writes with context.write); only undecodable requests are refused.
         if method.startswith("/grpc."):
             if not inspect.iscoroutinefunction(inner):
                 return handler
-            wrapped = _checked(inner)
+
+            async def wrapped(request: Any, context: aio.ServicerContext) -> Any:
+                await _refuse(request, context)
+                return await inner(request, context)
+
         elif kind == "unary_unary":
 
             async def wrapped(request: Any, context: aio.ServicerContext) -> Any:

@@ -90,12 +90,12 @@ class LaunchFailed(Exception):
     """A process could not be started (it died, or never became healthy)."""
 
 
+@dataclass
 class Supervisor:
-    def __init__(self, env: dict[str, str], ready_timeout_s: float):
-        self.children: list[Child] = []  # in start order
-        self.env = env
-        self.ready_timeout_s = ready_timeout_s
-        self.stopping = False
+    env: dict[str, str]
+    ready_timeout_s: float
+    children: list[Child] = field(default_factory=list)  # in start order
+    stopping: bool = False
 
     async def start(self, make: Callable[[Callable[[], int]], ProcessSpec]) -> ProcessSpec:
         """Start a process and wait until it serves. `make(port)` is its spec, on the ports the
@@ -237,9 +237,8 @@ class Supervisor:
 
 async def wait_serving(address: str, timeout_s: float) -> None:
     """Wait until the gRPC health service at `address` reports SERVING (it streams changes)."""
-    # Reconnect within a second: grpc's default back-off (up to 120 s) would see a process that
-    # took 25 s to start serving only ~20 s later, and report a crash meanwhile as one "while
-    # starting".
+    # Reconnect within a second: grpc's default back-off (up to 120 s) would see a slow starter
+    # serve long after it did, and report a crash meanwhile as one "while starting".
     options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
     async with aio.insecure_channel(address, options) as channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from engine.sampling_params import SamplingParams
@@ -99,11 +100,8 @@ class StepPlan:
 
     def row_tokens(self) -> list[list[int]]:
         """token_ids split per row."""
-        out, offset, flat = [], 0, self.token_ids
-        for n in self.num_tokens:
-            out.append(flat[offset : offset + n])
-            offset += n
-        return out
+        ends = accumulate(self.num_tokens)
+        return [self.token_ids[end - n : end] for n, end in zip(self.num_tokens, ends, strict=True)]
 
     @property
     def seqs(self) -> list[ScheduledSeq]:
@@ -158,16 +156,14 @@ def encode_plan(plan: StepPlan, records: Mapping[int, SequenceRecord]) -> hp.Ste
     )
     for seq_id, sampling in plan.new_sampling.items():
         r = records[seq_id]
-        desc.new_seqs.append(
-            hp.NewSequence(
-                seq_id=seq_id,
-                prompt_handle=r.prompt_handle,
-                prompt_ids=r.prompt_ids,
-                prompt_len=r.prompt_len,
-                sampling=sampling,
-                traceparent=r.traceparent,
-                output_ids=r.output_ids,
-            )
+        desc.new_seqs.add(
+            seq_id=seq_id,
+            prompt_handle=r.prompt_handle,
+            prompt_ids=r.prompt_ids,
+            prompt_len=r.prompt_len,
+            sampling=sampling,
+            traceparent=r.traceparent,
+            output_ids=r.output_ids,
         )
     from_prompt: list[int] = []
     inline: list[int] = []

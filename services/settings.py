@@ -17,7 +17,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -167,20 +167,18 @@ def read_file(path: Path, cls: type) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    flat: dict[str, Any] = {}
-
-    def walk(mapping: Mapping[str, Any]) -> None:
-        for key, value in mapping.items():
-            name = str(key).replace("-", "_")
-            if isinstance(value, dict):
-                walk(value)
-            else:
-                flat[name] = value
-
-    walk(data)
+    flat = dict(_flatten(data))
     if unknown := sorted(set(flat) - set(flags_of(cls))):
         raise ValueError(f"{path}: unknown settings {', '.join(unknown)}")
     return flat
+
+
+def _flatten(mapping: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            yield from _flatten(value)
+        else:
+            yield str(key).replace("-", "_"), value
 
 
 def parse(

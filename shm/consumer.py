@@ -129,12 +129,10 @@ class RingConsumer(Ring):
     def get(self, timeout: float | None = None) -> bytes:
         """The next record, waiting up to `timeout` s (TimeoutError); PeerGone once drained."""
         deadline = math.inf if timeout is None else time.perf_counter() + timeout
-        while True:
-            data = self.try_get()
-            if data is not None:
-                return data
+        while (data := self.try_get()) is None:
             if not self._wait_data(deadline - time.perf_counter(), self.spin_s):
                 raise TimeoutError(f"no record on ring {self.name} within {timeout} s")
+        return data
 
     async def get_async(self, timeout: float | None = None) -> bytes:
         """`get` for asyncio: the waiting happens on a helper thread, the event loop runs on.
@@ -146,10 +144,7 @@ class RingConsumer(Ring):
         deadline = math.inf if timeout is None else loop.time() + timeout
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"ring{self.name}")
-        while True:
-            data = self.try_get()
-            if data is not None:
-                return data
+        while (data := self.try_get()) is None:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"no record on ring {self.name} within {timeout} s")
@@ -157,6 +152,7 @@ class RingConsumer(Ring):
             await loop.run_in_executor(
                 self._executor, self._wait_data, min(remaining, self.slice_s), 0.0
             )
+        return data
 
     def close(self) -> None:
         """Unmap and let go of the consumer lock; the producer's names are the producer's."""

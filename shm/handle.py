@@ -32,19 +32,9 @@ MAX_NDIM = 8
 # Plain fixed-size numbers only: no objects, strings or records, whose bytes are not just data.
 # bfloat16 travels as uint16 and is reinterpreted by the consumer (tensor.view(torch.bfloat16)).
 DTYPES = (
-    "bool",
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64",
+)  # fmt: skip
 _CODES = {name: code for code, name in enumerate(DTYPES)}
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 _FIXED = struct.Struct("<BBBBQQQ")

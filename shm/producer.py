@@ -133,21 +133,20 @@ class RingProducer(Ring):
             return
         deadline = math.inf if timeout is None else time.perf_counter() + timeout
         size = record_size(memoryview(payload).nbytes)
-        while True:
-            if not wakeup.wait(
-                self.ctl,
-                SPACE_WANTED,
-                self.sems[1],
-                lambda: self._placement(size) is not None,
-                deadline,
-                self.spin_s,
-                self.slice_s,
-                self._consumer_alive,
-                "consumer",
-            ):
-                raise TimeoutError(f"ring {self.name} stayed full for {timeout} s")
+        while wakeup.wait(
+            self.ctl,
+            SPACE_WANTED,
+            self.sems[1],
+            lambda: self._placement(size) is not None,
+            deadline,
+            self.spin_s,
+            self.slice_s,
+            self._consumer_alive,
+            "consumer",
+        ):
             if self.try_put(payload):
                 return
+        raise TimeoutError(f"ring {self.name} stayed full for {timeout} s")
 
     def close(self) -> None:
         """Unlink the ring's names and unmap. A consumer drains what was published, then stops."""

@@ -195,9 +195,7 @@ class Segment:
 
 
 def check_header(name: str, mm: mmap.mmap, kind: SegmentKind) -> None:
-    """Validate a mapped header."""
-    if len(mm) < HEADER_SIZE:
-        raise ShmError(f"segment {name} is {len(mm)} bytes, too small for a header")
+    """Validate a mapped header (the mapping holds one: attach checked the size)."""
     magic, version, got_kind, _, size, _ = HEADER.unpack_from(mm, 0)
     if magic != MAGIC:
         raise ShmError(f"segment {name}: bad magic {magic!r}, not a tandem segment")

@@ -26,18 +26,13 @@ def validate(request: Request, cfg: SchedulerConfig) -> None:
             "prompt_token_ids",
             f"{n} tokens leave no room to generate within max_model_len={cfg.max_model_len}",
         )
+    exceeds = f"prompt ({n}) + max_tokens ({request.max_tokens}) exceeds"
     if n + request.max_tokens > cfg.max_model_len:
-        raise InvalidRequest(
-            "max_tokens",
-            f"prompt ({n}) + max_tokens ({request.max_tokens}) exceeds "
-            f"max_model_len={cfg.max_model_len}",
-        )
+        raise InvalidRequest("max_tokens", f"{exceeds} max_model_len={cfg.max_model_len}")
     if n + request.max_tokens > cfg.kv_capacity_tokens:
         # A sequence that cannot fit the whole pool alone could never finish.
         raise InvalidRequest(
-            "max_tokens",
-            f"prompt ({n}) + max_tokens ({request.max_tokens}) exceeds the KV pool of "
-            f"{cfg.kv_capacity_tokens} tokens",
+            "max_tokens", f"{exceeds} the KV pool of {cfg.kv_capacity_tokens} tokens"
         )
     if request.deadline is not None and not math.isfinite(request.deadline):
         raise InvalidRequest("deadline", f"must be a finite clock time, got {request.deadline}")
@@ -157,12 +152,9 @@ def schedule_deferred(
             break
         if req.num_preemptions != preemptions or b.holds_back(req.priority, req.rank):
             continue
-        n, total = req.num_computed_tokens, len(req.token_ids)
-        chunk = min(total - n, b.budget)
-        if req.long_prefill:
-            chunk = min(chunk, cfg.long_prefill_token_threshold)
-        chunk = b.cap(req, chunk)
-        if chunk <= 0 or (chunk < total - n and not cfg.enable_chunked_prefill):
+        n = req.num_computed_tokens
+        chunk = b.next_chunk(req, b.budget, cfg.long_prefill_token_threshold)
+        if not chunk:
             continue
         need = -(-(n + chunk) // bs) - len(req.block_ids)
         if need > blocks.num_free:
@@ -170,5 +162,5 @@ def schedule_deferred(
         if need > 0:
             req.set_blocks(req.block_ids + blocks.allocate(need))
         b.add_prefill(req, n, n + chunk)
-        if n + chunk == total and req.long_prefill:
+        if n + chunk == len(req.token_ids) and req.long_prefill:
             s.long_prefills.remove(req)

@@ -77,6 +77,13 @@ class StepBuilder:
         # A prompt that cannot be split goes whole, if it is the step's first: never starved.
         return chunk if chunk <= left or left == self.lower_prefill_limit else 0
 
+    def next_chunk(self, req: RequestState, budget: int, threshold: int) -> int:
+        """The next prefill chunk of a running request within `budget`; 0 if none fits."""
+        left = len(req.token_ids) - req.num_computed_tokens
+        limit = min(left, budget, threshold) if req.long_prefill else min(left, budget)
+        chunk = self.cap(req, limit)
+        return chunk if chunk > 0 and (self.chunked or chunk == left) else 0
+
     def add_prefill(self, req: RequestState, start: int, end: int) -> None:
         tokens = req.token_ids
         sample = end == len(tokens)
@@ -99,24 +106,22 @@ class StepBuilder:
     def remove(self, req: RequestState) -> None:
         """Take req's row back out (if it has one), and its tokens back into the budget."""
         self.new_sampling.pop(req.seq_id, None)
-        reqs = self.decode_reqs
-        for k in range(len(reqs) - 1, -1, -1):
-            if reqs[k] is req:
-                del reqs[k], self.decode_tokens[k]
-                req.num_computed_tokens = self.decode_starts.pop(k)
-                self.budget += 1
-                return
-        reqs = self.prefill_reqs
-        for k in range(len(reqs) - 1, -1, -1):
-            if reqs[k] is req:
-                offset = sum(self.prefill_counts[:k])
-                n = self.prefill_counts.pop(k)
-                del reqs[k], self.prefill_tokens[offset : offset + n], self.prefill_samples[k]
-                req.num_computed_tokens = self.prefill_starts.pop(k)
-                self.budget += n
-                if self.yield_below is not None and req.priority < self.yield_below:
-                    self.lower_prefill_left += n
-                return
+        # Requests compare by identity (eq=False), and a request has at most one row.
+        if req in self.decode_reqs:
+            k = self.decode_reqs.index(req)
+            del self.decode_reqs[k], self.decode_tokens[k]
+            req.num_computed_tokens = self.decode_starts.pop(k)
+            self.budget += 1
+        elif req in self.prefill_reqs:
+            k = self.prefill_reqs.index(req)
+            offset = sum(self.prefill_counts[:k])
+            n = self.prefill_counts.pop(k)
+            del self.prefill_reqs[k], self.prefill_samples[k]
+            del self.prefill_tokens[offset : offset + n]
+            req.num_computed_tokens = self.prefill_starts.pop(k)
+            self.budget += n
+            if self.yield_below is not None and req.priority < self.yield_below:
+                self.lower_prefill_left += n
 
     def plan(self, step_id: int, finished: list[int]) -> tuple[StepPlan, list[RequestState]]:
         """The plan, and the request behind each of its rows."""

@@ -2,10 +2,8 @@
 
 Nothing polls. The loop wakes on an arrival or a cancellation (the RPC handlers set `wake`), on
 a step's outcome (the receiver task), and at the core's `next_wakeup()` (a batch window closing,
-a deadline passing), armed as a timer. With async scheduling two plans are in flight: while the
-worker runs step N, step N+1 is already planned and waiting on its ring, its decode tokens left
-as placeholders the worker fills with what it sampled in step N — so the hop and the
-scheduler's own time hide behind the step.
+a deadline passing), armed as a timer. With async scheduling it keeps two plans in flight, so
+the hop and the scheduler's own time hide behind the step (see services/protocol.py).
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ counters here add up the differences and never go back.
 
 from __future__ import annotations
 
-import contextlib
-
 from prometheus_client import CollectorRegistry
 
 from services.scheduler.state import SchedulerStats
@@ -77,15 +75,11 @@ class SchedulerMetrics:
         """Label the families with the model the worker serves (known once it is attached)."""
         families = (self._running, self._waiting, self._kv_usage, self._prefix_queries,
                     self._prefix_hits, self._preemptions, self._steps, self._queue,
-                    self._prefill, self._decode, self._inference)  # fmt: skip
+                    self._prefill, self._decode, self._inference, self._hop)  # fmt: skip
         if model_name != self.model_name:
             # The placeholder series made before the worker was known would show as zeros.
             for family in families:
-                with contextlib.suppress(KeyError):
-                    family.remove(self.model_name)
-            for direction in ("to_worker", "to_scheduler"):
-                with contextlib.suppress(KeyError):
-                    self._hop.remove(self.model_name, direction)
+                family.clear()
         self.model_name = model_name
         m = model_name
         self.running, self.waiting = self._running.labels(m), self._waiting.labels(m)

@@ -4,14 +4,12 @@ was made (async scheduling: up to two plans are in flight) are dropped whole."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from services.protocol import StepPlan
+from services.protocol import StepPlan, StepResult
 from services.scheduler.events import Token
 from services.scheduler.request import RequestState
 from services.scheduler.state import SchedulerState
-
-Sampled = dict[int, tuple[int, float]]
 
 # Token(...) runs the NamedTuple's __new__, a Python function; making the tuple directly skips
 # that frame, which is most of the cost of one event per token per step.
@@ -19,16 +17,12 @@ new_tuple = tuple.__new__
 
 
 def apply(
-    s: SchedulerState,
-    plan: StepPlan,
-    reqs: Sequence[RequestState],
-    sampled: Sampled,
-    now: float,
-    failed: Mapping[int, str],
+    s: SchedulerState, plan: StepPlan, reqs: Sequence[RequestState], result: StepResult, now: float
 ) -> bool:
     """Apply one step's outcome to the requests it ran; True if any of them finished (the
     caller then drops them from the running list in one pass)."""
     bs = s.config.block_size
+    sampled, failed = result.sampled, result.failed
     blocks, events = s.blocks, s.events
     step_id = plan.step_id
     any_finished = False

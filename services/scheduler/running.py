@@ -23,7 +23,6 @@ def schedule_running(
     the waiting head (`floor`: its priority and effective priority), if any."""
     bs = s.config.block_size
     threshold = s.config.long_prefill_token_threshold
-    chunked = s.config.enable_chunked_prefill
     blocks = s.blocks
     add_req, add_start, add_token = (
         b.decode_reqs.append,
@@ -60,16 +59,13 @@ def schedule_running(
             if req.priority < below:
                 outranked += 1
             continue
-        tokens = req.token_ids
-        total = len(tokens)
         if floor is not None and req.priority < floor[0] and req.rank < floor[1]:
             deferred.append((req, req.num_preemptions))
             continue
-        chunk = min(total - n, budget, threshold) if req.long_prefill else min(total - n, budget)
-        chunk = b.cap(req, chunk)
-        end = n + chunk
-        if chunk <= 0 or (not chunked and end < total):
+        chunk = b.next_chunk(req, budget, threshold)
+        if not chunk:
             continue
+        end = n + chunk
         if end > req.capacity:
             need = -(-end // bs) - len(req.block_ids)
             if need > blocks.num_free and not s.make_room(need, req):
@@ -78,7 +74,7 @@ def schedule_running(
         b.budget = budget
         b.add_prefill(req, n, end)
         budget = b.budget
-        if end == total and req.long_prefill:
+        if end == len(req.token_ids) and req.long_prefill:
             s.long_prefills.remove(req)
     b.budget = budget
     b.outranked_decodes = outranked

@@ -57,14 +57,8 @@ class Scheduler(SchedulerState):
             raise QueueFull(f"{waiting.num_tokens} prompt tokens already waiting")
         now = self.clock()
         arrival = now if request.arrival_time is None else request.arrival_time
-        req = RequestState(
-            request,
-            arrival,
-            self._next_order,
-            cfg.block_size,
-            hash_blocks=cfg.enable_prefix_caching,
-        )
-        self._next_order += 1
+        order = next(self._orders)
+        req = RequestState(request, arrival, order, cfg.block_size, cfg.enable_prefix_caching)
         self.requests[req.seq_id] = req
         waiting.push(req)
         self.deadlines.add(req)
@@ -133,7 +127,7 @@ class Scheduler(SchedulerState):
         self._last_update = now
         ewma = self.step_s_ewma
         self.step_s_ewma = step_s if ewma == 0.0 else ewma + _STEP_ALPHA * (step_s - ewma)
-        if results.apply(self, plan, flight.reqs, result.sampled, now, result.failed):
+        if results.apply(self, plan, flight.reqs, result, now):
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return self.drain_events()
 
@@ -154,13 +148,10 @@ class Scheduler(SchedulerState):
         """Clock time at which `schedule()` has something to do even if nothing arrives (a batch
         window closes, a deadline passes); None if only an arrival or a result can change
         anything. The service loop sleeps until then instead of polling."""
-        times: list[float] = []
-        if self.waiting.count and not self.running and self.window.closes_at is not None:
+        times = [self.deadlines.running.earliest()]
+        if self.waiting.count and not self.running:
             times.append(self.window.closes_at)
         waiting_deadline = self.deadlines.waiting.earliest()
         if waiting_deadline is not None:
             times.append(waiting_deadline - self.step_s_ewma)
-        running_deadline = self.deadlines.running.earliest()
-        if running_deadline is not None:
-            times.append(running_deadline)
-        return min(times, default=None)
+        return min((t for t in times if t is not None), default=None)

@@ -7,6 +7,7 @@ them (start a request running, preempt one, finish one, make room). The passes o
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -75,7 +76,7 @@ class SchedulerState:
         # When the last result was applied: with two plans in flight a step starts then.
         self._last_update = 0.0
         self.step_s_ewma = 0.0
-        self._next_order = 0
+        self._orders = itertools.count()
         # The id of the next non-empty plan (the one being built, inside schedule()).
         self.next_step_id = 0
         self.num_preemptions = 0

@@ -159,8 +159,6 @@ class SchedulerTelemetry:
             m.decode_time.observe(end - req.first_token_t)
         if req.scheduled_t:
             m.inference_time.observe(end - req.scheduled_t)
-        if not self.tracing_on:
-            return
         end_ns = self.clock.ns(end)
         for span in (req.waiting, req.phase):
             if span is None:
@@ -186,8 +184,6 @@ class SchedulerTelemetry:
         )
 
     def _phase(self, name: str, req: _Request, t: float) -> None:
-        if not self.tracing_on:
-            return
         if req.phase is not None:
             req.phase.end(self.clock.ns(t))
         req.phase = self._start(name, req, t)

@@ -189,12 +189,10 @@ class WorkerLink:
         self.close_rings()
 
     def close_rings(self) -> None:
-        if self.steps is not None:
-            self.steps.close()
-            self.steps = None
-        if self.results is not None:
-            self.results.close()
-            self.results = None
+        for ring in (self.steps, self.results):
+            if ring is not None:
+                ring.close()
+        self.steps = self.results = None
 
     async def close(self) -> None:
         if self._sender is not None:

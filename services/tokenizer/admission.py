@@ -168,7 +168,7 @@ class Admission:
                     reply.usage.prompt_tokens = len(prompt_ids)
                     done.add(i)
                     self.link.close(ids[i])
-                    if streams[i].hit_stop_string:  # the scheduler is still generating it
+                    if streams[i].stops.stopped:  # the scheduler is still generating it
                         self._in_background(self._cancel(ids[i]), call)
                 while later:
                     await submit(later.pop(0))

@@ -38,10 +38,8 @@ class ApiKeys:
             return True
         scheme, _, token = (authorization or "").strip().partition(" ")
         given = _digest(token.strip())
-        ok = False
-        for digest in self._digests:
-            ok |= hmac.compare_digest(given, digest)
-        return ok and scheme.lower() == "bearer"
+        matches = [hmac.compare_digest(given, digest) for digest in self._digests]  # no early exit
+        return any(matches) and scheme.lower() == "bearer"
 
 
 class AuthInterceptor(aio.ServerInterceptor):

@@ -109,19 +109,18 @@ def parse_generate(
                 "prompt.token_ids",
                 f"{len(prompt_ids)} tokens do not fit the context of {max_seq_len}",
             )
-    max_tokens = None
-    if req.HasField("max_tokens"):
-        if req.max_tokens <= 0:
-            raise InvalidRequest("max_tokens", f"must be positive, got {req.max_tokens}")
-        if req.max_tokens >= max_seq_len:
+    max_tokens = req.max_tokens if req.HasField("max_tokens") else None
+    if max_tokens is not None:
+        if max_tokens <= 0:
+            raise InvalidRequest("max_tokens", f"must be positive, got {max_tokens}")
+        if max_tokens >= max_seq_len:
             raise InvalidRequest(
-                "max_tokens", f"{req.max_tokens} is beyond the model's context of {max_seq_len}"
+                "max_tokens", f"{max_tokens} is beyond the model's context of {max_seq_len}"
             )
-        max_tokens = req.max_tokens
-    if max_tokens is not None and req.min_tokens > max_tokens:
-        raise InvalidRequest(
-            "min_tokens", f"{req.min_tokens} is more than max_tokens ({max_tokens})"
-        )
+        if req.min_tokens > max_tokens:
+            raise InvalidRequest(
+                "min_tokens", f"{req.min_tokens} is more than max_tokens ({max_tokens})"
+            )
     if not 0 <= req.n <= MAX_N:
         raise InvalidRequest("n", f"must be in [1, {MAX_N}], got {req.n}")
     if not 0 <= req.logprobs <= MAX_LOGPROBS:

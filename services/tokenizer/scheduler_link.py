@@ -107,16 +107,13 @@ class SchedulerLink:
                 )
             for request_id in list(self.prompts):
                 self._free_prompt(request_id)
-            await self._reattach()
-
-    async def _reattach(self) -> None:
-        while True:
-            try:
-                await self._attach()
-                return
-            except (grpc.RpcError, ShmError) as err:
-                log.warning("attaching to the scheduler again failed (%s); retrying", err)
-                await asyncio.sleep(_REATTACH_BACKOFF_S)
+            while True:
+                try:
+                    await self._attach()
+                    break
+                except (grpc.RpcError, ShmError) as err:
+                    log.warning("attaching to the scheduler again failed (%s); retrying", err)
+                    await asyncio.sleep(_REATTACH_BACKOFF_S)
 
     async def _consume(self) -> None:
         """Until the scheduler is lost. The StreamEvents call is held open either way: its end

@@ -19,32 +19,24 @@ from tandem.v1 import generation_pb2_grpc
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
-        self.tokenizer = admission.tokenizer
-        self.model_name = admission.model_name
 
     async def Generate(
         self, request: pb.GenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         a = self.admission
-        call = a.telemetry.begin(context.invocation_metadata())
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
-        try:
+        with a.telemetry.begin(context.invocation_metadata()) as call:
             spec = a.parse(request)
             # Closed explicitly, so a client that goes away cancels the work at once.
             async with contextlib.aclosing(a.generate(spec, call, deadline)) as replies:
                 async for reply in replies:
                     yield reply
-        except BaseException as err:
-            call.fail(err)
-            raise
-        finally:
-            call.end()
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: aio.ServicerContext
     ) -> pb.TokenizeResponse:
-        check_model(request.model, self.model_name)
+        check_model(request.model, self.admission.model_name)
         messages = None
         if request.WhichOneof("input") == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
@@ -55,9 +47,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: aio.ServicerContext
     ) -> pb.DetokenizeResponse:
-        check_model(request.model, self.model_name)
+        check_model(request.model, self.admission.model_name)
         ids = list(request.token_ids)
-        decode = partial(self.tokenizer.decode, ids, skip_special=request.skip_special_tokens)
+        tokenizer = self.admission.tokenizer
+        decode = partial(tokenizer.decode, ids, skip_special=request.skip_special_tokens)
         return pb.DetokenizeResponse(text=await off_the_loop_if_long(len(ids), decode))
 
     async def ListModels(
@@ -69,7 +62,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return pb.ListModelsResponse(
             models=[
                 pb.ModelInfo(
-                    name=self.model_name,
+                    name=self.admission.model_name,
                     context_length=model.max_seq_len,
                     vocab_size=model.vocab_size,
                     weight_format=model.weight_format,

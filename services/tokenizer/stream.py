@@ -28,10 +28,6 @@ class TextStream:
         self.num_tokens = 0
         self.cached_prompt_tokens = 0
 
-    @property
-    def hit_stop_string(self) -> bool:
-        return self.stops.stopped
-
     def on_events(self, events: hp.RequestEvents) -> pb.GenerateResponse:
         """The message for this step's tokens; also the last one if `events` ends the request."""
         reply = pb.GenerateResponse(request_id=self.request_id)

@@ -214,6 +214,14 @@ class GenerateCall:
                 self.stream_span.set_status(Status(StatusCode.ERROR, reason))
         self.end()
 
+    def __enter__(self) -> GenerateCall:
+        return self
+
+    def __exit__(self, kind: object, err: BaseException | None, traceback: object) -> None:
+        if err is not None:
+            self.fail(err)
+        self.end()
+
     def end(self) -> None:
         """Whatever happened, close the spans (a no-op after finish or fail)."""
         if self._ended:

@@ -28,8 +28,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import EngineError
 from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailable
-from services.scheduler.errors import InvalidRequest as SchedulerInvalid
-from services.scheduler.errors import QueueFull
 from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
@@ -92,7 +90,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         return JSONResponse(body, status_code=status, headers=headers)
 
-    for kind in (ServiceError, EngineError, SchedulerInvalid, QueueFull, ShmError, Exception):
+    for kind in (ServiceError, EngineError, ShmError, Exception):
         app.add_exception_handler(kind, error_response)
 
     @app.exception_handler(RequestValidationError)
@@ -100,11 +98,11 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
         first = err.errors()[0] if err.errors() else {}
         path = [p for p in first.get("loc", ()) if p != "body"]
         param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
-        if first.get("type") == "extra_forbidden":
+        error_type = first.get("type")
+        message = str(first.get("msg", "is not valid"))
+        if error_type == "extra_forbidden":
             message = "is not a parameter tandem supports"
-        else:
-            message = str(first.get("msg", "is not valid"))
-        if first.get("type") == "json_invalid":
+        elif error_type == "json_invalid":
             return JSONResponse(error_body(400, f"the body is not valid JSON: {message}"), 400)
         return JSONResponse(error_body(400, f"{param}: {message}", param or None), 400)
 

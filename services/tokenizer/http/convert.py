@@ -51,13 +51,9 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
     max_tokens = body.max_completion_tokens or body.max_tokens  # both at least 1
     if max_tokens is not None:
         request.max_tokens = max_tokens
-    top: int | None = None
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
-    if body.logprobs:
-        top = body.top_logprobs or 0
-        request.logprobs = max(top, 1)  # the sampled token's own logprob comes with the top-1
-    return _plan(body, [request], top)
+    return _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
 
 
 def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -69,9 +65,6 @@ def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -
     template = _common(body, request_id, model_name)
     if body.max_tokens is not None:
         template.max_tokens = body.max_tokens
-    top = body.logprobs
-    if top is not None:
-        template.logprobs = max(top, 1)  # the sampled token's own logprob comes with the top-1
     requests = []
     for p, prompt in enumerate(prompts):
         request = pb.GenerateRequest()
@@ -83,13 +76,16 @@ def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -
         else:
             request.token_ids.ids.extend(prompt)
         requests.append(request)
-    return _plan(body, requests, top)
+    return _plan(body, requests, body.logprobs)
 
 
 def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) -> Plan:
     options = body.stream_options
     if options is not None and not body.stream:
         raise InvalidRequest("stream_options", "is only allowed with stream: true")
+    if top is not None:
+        for request in requests:
+            request.logprobs = max(top, 1)  # the sampled token's own logprob comes with the top-1
     return Plan(
         requests=requests,
         n=requests[0].n or 1,

@@ -20,16 +20,10 @@ async def _one(
     admission: Admission, spec: GenerateSpec, headers: Headers, route: str, offset: int
 ) -> AsyncGenerator[Item, None]:
     # Begun here, not before: a call whose generator never runs never opens a span either.
-    call = admission.telemetry.begin(headers, route)
-    try:
+    with admission.telemetry.begin(headers, route) as call:
         async with contextlib.aclosing(admission.generate(spec, call, None)) as replies:
             async for reply in replies:
                 yield offset + reply.index, reply
-    except BaseException as err:
-        call.fail(err)
-        raise
-    finally:
-        call.end()
 
 
 class Generations:

@@ -3,6 +3,7 @@ completions. Written as dicts and serialized once per chunk: this is the per-tok
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import defaultdict
@@ -154,18 +155,12 @@ class Output:
                 alternatives = [self._chat_token(a) for a in t.top_logprobs[:top]]
                 content.append({**self._chat_token(t), "top_logprobs": alternatives})
             return {"content": content}
-        texts, lps, tops, offsets = [], [], [], []
-        offset = 0
-        for t in tokens:
-            text = self._text(t.token_id)
-            texts.append(text)
-            lps.append(t.logprob)
-            tops.append({self._text(a.token_id): a.logprob for a in t.top_logprobs[:top]})
-            offsets.append(offset)
-            offset += len(text)
+        texts = [self._text(t.token_id) for t in tokens]
         return {
             "tokens": texts,
-            "token_logprobs": lps,
-            "top_logprobs": tops,
-            "text_offset": offsets,
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [
+                {self._text(a.token_id): a.logprob for a in t.top_logprobs[:top]} for t in tokens
+            ],
+            "text_offset": list(itertools.accumulate(map(len, texts), initial=0))[:-1],
         }
