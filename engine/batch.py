@@ -16,8 +16,7 @@ FROM_LAST_STEP = -1
 @dataclass
 class SeqInput:
     seq_id: Hashable  # the caller's key for the sequence (the worker's: its integer seq id)
-    token_ids: Sequence[int]  # the new tokens: a prefill chunk, or the last sampled token (or
-    # FROM_LAST_STEP)
+    token_ids: Sequence[int]  # a prefill chunk, or the last sampled token (or FROM_LAST_STEP)
     start_pos: int  # position of token_ids[0] in the sequence
     block_table: Sequence[int]  # the sequence's KV blocks in order, covering every position
     sampling: SamplingParams = GREEDY

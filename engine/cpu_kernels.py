@@ -19,7 +19,6 @@ import platform
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -45,26 +44,13 @@ def cpu_flags() -> set[str]:
 
 
 def supported() -> bool:
-    flags = cpu_flags()
-    return platform.machine() in ("x86_64", "AMD64") and all(f in flags for f in REQUIRED_FLAGS)
+    return platform.machine() in ("x86_64", "AMD64") and set(REQUIRED_FLAGS) <= cpu_flags()
 
 
 def kernel_name() -> str:
-    """The build's name: a digest of the source and of this CPU's flags."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join(sorted(cpu_flags())).encode())
     return f"tandem_cpu_{digest.hexdigest()[:12]}"
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """Held by one process at a time; released by the kernel if its holder dies."""
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @functools.cache
@@ -90,10 +76,11 @@ def load() -> bool:
     started = time.monotonic()
     try:
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-        with _exclusive(build_dir / "tandem.lock"):
+        with (build_dir / "tandem.lock").open("a") as lock:
             # torch's own lock is a file: a process killed while it held it (a worker killed
             # while starting) leaves it behind, and every later load would wait on it forever.
-            # Ours is an flock, which dies with its holder; holding it, torch's is stale.
+            # Ours is an flock, released on close or with its holder; holding it, torch's is stale.
+            fcntl.flock(lock, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
             cpp_extension.load(
                 name=name,

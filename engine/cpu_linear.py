@@ -5,9 +5,6 @@ once (what inductor does with frozen weights) removes that, and in bf16 halves t
 A step of few rows is bound by reading the weights, and there 4-bit weights (4× fewer bytes)
 win, which is why `Int4Linear` keeps them for steps of few rows and a packed bf16 copy for the
 others (bench/RESULTS-cpu.md has the measurements).
-
-Activations stay in the model's dtype (fp32 on CPU); only the matmul's inputs are rounded to the
-packed dtype, and its outputs come back in the caller's dtype.
 """
 
 from __future__ import annotations

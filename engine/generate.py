@@ -68,8 +68,7 @@ def generate(
     blocks = -(-(prompt_len + request.max_tokens) // engine.block_size)
     if blocks > engine.num_kv_blocks:
         raise InvalidRequest(
-            "max_tokens",
-            f"needs {blocks} KV blocks, the cache holds {engine.num_kv_blocks}",
+            "max_tokens", f"needs {blocks} KV blocks, the cache holds {engine.num_kv_blocks}"
         )
     table = list(range(blocks))
     detok = Detokenizer(tokenizer, skip_special=True)

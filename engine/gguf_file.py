@@ -42,7 +42,5 @@ def open_gguf(path: Path) -> GGUFFile:
             value = field.contents()
         except (ValueError, IndexError, UnicodeDecodeError) as err:
             raise ModelFormatError(f"{path.name}: GGUF field {key!r} is corrupt: {err}") from err
-        if isinstance(value, np.generic):
-            value = value.item()
-        metadata[key] = value
+        metadata[key] = value.item() if isinstance(value, np.generic) else value
     return GGUFFile(path=path, metadata=metadata, reader=reader)

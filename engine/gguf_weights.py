@@ -67,9 +67,6 @@ class GGUFWeights:
         self.by_name: dict[str, ReaderTensor] = {
             name: tensor for tensor in gguf.reader.tensors if (name := hf_name(tensor.name))
         }
-        self.rope_freqs = next(
-            (t for t in gguf.reader.tensors if t.name == "rope_freqs.weight"), None
-        )
 
     def has(self, name: str) -> bool:
         return name in self.by_name
@@ -109,7 +106,8 @@ class GGUFWeights:
         return self.by_name[name]
 
     def rope_freq_factors(self) -> torch.Tensor | None:
-        return None if self.rope_freqs is None else self._dequantize(self.rope_freqs)
+        freqs = next((t for t in self.gguf.reader.tensors if t.name == "rope_freqs.weight"), None)
+        return None if freqs is None else self._dequantize(freqs)
 
     def _dequantize(self, tensor: ReaderTensor) -> torch.Tensor:
         if tensor.tensor_type not in SUPPORTED:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -17,18 +19,15 @@ class SafetensorsWeights:
         if not files:
             raise ModelNotFound(f"{folder} holds no *.safetensors files")
         self.folder = folder
-        self.location: dict[str, Path] = {}
-        self._open: dict[Path, object] = {}
+        self._open: dict[Path, Any] = {}
         index = folder / "model.safetensors.index.json"
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
             self.location = {name: folder / file for name, file in weight_map.items()}
         else:
-            for file in files:
-                for name in self._handle(file).keys():  # type: ignore[attr-defined]  # noqa: SIM118
-                    self.location[name] = file
+            self.location = {n: f for f in files for n in self._handle(f).keys()}  # noqa: SIM118
 
-    def _handle(self, file: Path) -> object:
+    def _handle(self, file: Path) -> Any:
         if file not in self._open:
             try:
                 self._open[file] = safe_open(str(file), framework="pt")
@@ -42,13 +41,12 @@ class SafetensorsWeights:
         return name in self.location
 
     def numel(self, name: str) -> int:
-        shape = self._handle(self.location[name]).get_slice(name).get_shape()  # type: ignore[attr-defined]
-        return int(torch.tensor(shape).prod()) if shape else 1
+        return math.prod(self._handle(self.location[name]).get_slice(name).get_shape())
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.location:
             raise ModelFormatError(f"{self.folder.name}: checkpoint has no tensor {name}")
-        return self._handle(self.location[name]).get_tensor(name)  # type: ignore[attr-defined]
+        return self._handle(self.location[name]).get_tensor(name)
 
 
 def read_config(folder: Path) -> dict:

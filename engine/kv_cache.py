@@ -49,7 +49,6 @@ class KVCache:
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("KV cache needs a positive number of blocks and block size")
-        self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.n_layers, num_blocks * block_size, 2, config.n_kv_heads, config.head_dim)
         self.pool = torch.zeros(shape, dtype=dtype, device=device)
@@ -60,5 +59,4 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        element = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.n_layers * block_size * config.kv_dim * element
+        return 2 * config.n_layers * block_size * config.kv_dim * dtype.itemsize

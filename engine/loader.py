@@ -20,7 +20,7 @@ from engine.hf_weights import SafetensorsWeights, read_config
 from engine.model import Transformer
 from engine.parallel_layers import parallelize
 from engine.quant import Fp8Linear, Int8Linear, Q4Blocks, int4_supported
-from engine.random_weights import RandomWeights, is_random
+from engine.random_weights import RandomWeights
 from engine.registry import SEED_KEY
 from engine.shard import ShardedSource, ShardPlan
 from engine.tensor_parallel import SINGLE, TensorParallel
@@ -34,7 +34,6 @@ Reader = GGUFWeights | SafetensorsWeights | RandomWeights
 class LoadedModel:
     model: Transformer
     config: ModelConfig
-    path: Path
     weight_format: str  # the file's, e.g. "gguf:Q4_1" or "safetensors"
     # How the projections are served: "native-codes" (the GGUF's codes, native CPU kernel),
     # "int4" (torch's int4 kernel), "int8", or a dtype's name; "packed-" for oneDNN's layout.
@@ -108,7 +107,7 @@ def load_model(
         raw = read_config(path)
         config = ModelConfig.from_hf(raw)
         reader: Reader
-        if is_random(raw):
+        if SEED_KEY in raw:
             reader = RandomWeights(config, int(raw[SEED_KEY]), device, dtype)
             file_format = "random"
         else:
@@ -128,7 +127,7 @@ def load_model(
     keep_q4 = quantize in ("auto", "int4") and int4_supported(device)
     native = keep_q4 and quantize == "auto" and cpu_kernels.load()
     # Progress counts float32-equivalent bytes, so 4-bit and float weights weigh alike.
-    bar = tqdm(
+    with tqdm(
         total=_total_numel(reader) * 4,
         unit="B",
         unit_scale=True,
@@ -136,8 +135,7 @@ def load_model(
         disable=not progress,
         file=sys.stderr,
         leave=False,
-    )
-    with bar:
+    ) as bar:
         source = _Source(reader, dtype, bar, keep_q4, native)
         # int8/fp8 as each projection is built: the float model is never whole in memory.
         linear = {"int8": Int8Linear, "fp8": Fp8Linear}.get(quantize)
@@ -165,7 +163,7 @@ def load_model(
         if packing_supported(packed_dtype) and pack_linears(model, packed_dtype):
             packed = "packed-" + str(packed_dtype).removeprefix("torch.")
             linear_format = f"{kept}+{packed}" if source.kept_q4 else packed
-    return LoadedModel(model, config, path, file_format, linear_format, tp)
+    return LoadedModel(model, config, file_format, linear_format, tp)
 
 
 def _total_numel(reader: Reader) -> int:

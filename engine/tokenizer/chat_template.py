@@ -65,7 +65,6 @@ def validate_messages(messages: Sequence[Message]) -> None:
 
 class ChatTemplate:
     def __init__(self, source: str, *, now: Callable[[], datetime] = datetime.now) -> None:
-        self.source = source
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
         )

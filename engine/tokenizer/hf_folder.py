@@ -81,10 +81,8 @@ def _pieces(
     ):
         as_bytes = _spm_piece
         strips = any(
-            s.get("type") == "Strip" and s.get("content") == " " and s.get("start", 0) > 0
-            for s in steps
-        ) or any(
-            s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never"
+            (s.get("type") == "Strip" and s.get("content") == " " and s.get("start", 0) > 0)
+            or (s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never")
             for s in steps
         )
     else:

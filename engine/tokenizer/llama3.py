@@ -112,10 +112,7 @@ class Llama3Tokenizer(Tokenizer):
         base = len(ranks)
         special = {token: base + i for i, token in enumerate(SPECIAL_TOKENS)}
         self._encoding = tiktoken.Encoding(
-            name=path.name,
-            pat_str=LLAMA3_PATTERN,
-            mergeable_ranks=ranks,
-            special_tokens=special,
+            name=path.name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks, special_tokens=special
         )
         # The ranks are 0..base-1 (read_ranks checks), and the special ids follow them.
         pieces = [*sorted(ranks, key=ranks.__getitem__), *(text.encode() for text in special)]

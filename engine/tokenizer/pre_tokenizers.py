@@ -25,12 +25,7 @@ def _smollm() -> PreTokenizer:
     # SmolLM2's tokenizer.json: Sequence[Digits(individual_digits), ByteLevel(use_regex)].
     # llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM is the same: split off every \p{N} first, then
     # GPT-2's regex on what lies between. So "2024" is four words and " 7" is " " then "7".
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
 def _llama3() -> PreTokenizer:
