@@ -5,12 +5,13 @@
 On the same random weights of the LLaMA-3-8B shapes (bf16): the engine's start-up; whole
 workloads of 8, 64 and 256 requests at once (prompt 512, output 256; the scheduler's policy and
 the engine in one loop, bench/serving.py), first after the start and warm, against the
-workload's floor, with where a step's time goes; batch-1 decode against the HBM roofline
-(weight bytes ÷ a device-to-device copy bandwidth measured here); decode steps alone at 8, 64
-and 256 sequences against the step roofline; TTFT of a 2,048-token prompt against the compute
-floor (FLOPs ÷ a matmul rate measured here); the pipeline's start-up, its workloads of 64 and
-256 requests (first and warm) and batch-1 decode; INT8 weights; transformers `generate` (eager
-and static cache); and the default model SmolLM2. Prints one table and writes JSON.
+workload's floor, with where a step's time goes; batch-1 decode against the HBM roofline (the
+weights' bytes a step reads ÷ a device-to-device copy bandwidth measured here); decode steps
+alone at 8, 64 and 256 sequences against the step roofline; TTFT of a 2,048-token prompt against
+the compute floor (the FLOPs of the layers for every token and the head for the last ÷ a matmul
+rate measured here); the pipeline's start-up, its workloads of 64 and 256 requests (first and
+warm) and batch-1 decode; INT8 weights; transformers `generate` (eager and static cache); and
+the default model SmolLM2. Prints one table and writes JSON.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from bench.gpu_measure import (
     fp8_matmul_rate,
     graph_only,
     matmul_rate,
+    prefill_params,
     random_prompt,
     weight_bytes,
 )
@@ -214,7 +216,7 @@ def measure_8b(
     )
     wbytes = weight_bytes(engine)
     c = engine.config
-    params = sum(p.numel() for p in engine.model.parameters())
+    params = prefill_params(engine)
     roofline_b1 = bandwidth / wbytes
     for k, n in enumerate(concurrencies):
         prompts = [random_prompt(512, c.vocab_size, 100 + i) for i in range(n)]
@@ -277,7 +279,7 @@ def measure_8b(
                 n * bandwidth / step_bytes,
             )
     attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim  # QK^T and PV, causal half each
-    floor = (2 * params * 2048 + attention_flops) / flops
+    floor = (2 * params[0] * 2048 + 2 * params[1] + attention_flops) / flops
     times = ttft(engine, 2048)
     row(
         "8B TTFT, 2048-token prompt (median of 5)",
@@ -333,7 +335,8 @@ def measure_fp8(
         row("8B fp8 start-up (load, graphs, warm-up)", label, sum(engine.start_times.values()), "s")
         wbytes = weight_bytes(engine)
         c = engine.config
-        # Projections multiply at the FP8 rate; the head (bf16) and attention at bf16's.
+        # Projections multiply at the FP8 rate; the head (bf16, the last row) and attention
+        # at bf16's.
         projections = sum(
             b.numel() for n, b in engine.model.named_buffers() if n.endswith("weight")
         )
@@ -347,9 +350,7 @@ def measure_fp8(
                 bandwidth / wbytes,
             )
             attention_flops = 2 * c.n_layers * 2048 * 2048 * c.q_dim
-            floor = (2 * projections * 2048) / fp8_flops + (
-                2 * head * 2048 + attention_flops
-            ) / flops
+            floor = (2 * projections * 2048) / fp8_flops + (2 * head + attention_flops) / flops
             times = ttft(engine, 2048)
             row(
                 "8B TTFT, 2048-token prompt (median of 5)",
@@ -364,9 +365,9 @@ def measure_fp8(
             prompts = [random_prompt(512, c.vocab_size, 100 + i) for i in range(n)]
             run_workload(engine, prompts, out_len)  # first of its size: compiles, if any
             run = run_workload(engine, prompts, out_len)
-            prefill = sum(2 * (projections + head) * 512 for _ in prompts) / fp8_flops
+            prefill = n * (2 * projections * 512 / fp8_flops + 2 * head / flops)
             floor = prefill + workload_floor(
-                c, 0, wbytes, [512] * n, out_len, flops, bandwidth, kv_bytes
+                c, (0, 0), wbytes, [512] * n, out_len, flops, bandwidth, kv_bytes
             )
             row(
                 f"8B workload, {n} requests",

@@ -6,11 +6,10 @@
 quantized as it is built (engine/weights.py): neither the host nor the GPU ever holds its 141 GB
 of bf16. Rows: the start-up; batch-1 decode through the engine and through its captured graph
 alone, against the HBM roofline (bytes a step reads ÷ a device-to-device copy's bandwidth,
-measured here; the roofline as bench/gpu.py counts it, with the whole embedding table, beside
-it); each product of a layer alone, 80 layers' weights in a row so none is read from L2, against
-the same bandwidth; and, for the remaining seconds, other tiles of the row_gemv products.
-Imports engine code only (torch, numpy, triton, gguf), for a GPU image without the services'
-packages. Writes JSON after every row, so a run cut short keeps what it measured.
+measured here); each product of a layer alone, 80 layers' weights in a row so none is read
+from L2, against the same bandwidth; and, for the remaining seconds, other tiles of the row_gemv
+products. Imports engine code only (torch, numpy, triton, gguf), for a GPU image without the
+services' packages. Writes JSON after every row, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -213,11 +212,8 @@ def main() -> None:
         warm_up_tokens=None,
     )
     torch.cuda.synchronize()
-    wbytes = weight_bytes(engine)
-    table = engine.model.tok_embeddings.weight
-    read = wbytes - table.numel() * table.element_size() + table.shape[1] * table.element_size()
+    read = weight_bytes(engine)
     report.fact(
-        weight_bytes=wbytes,
         step_read_bytes=read,
         gpu_memory_allocated=torch.cuda.memory_allocated(),
         gpu_memory_peak=torch.cuda.max_memory_allocated(),
@@ -230,7 +226,7 @@ def main() -> None:
         "s",
         **{f"{k}_s": v for k, v in engine.start_times.items()},
     )
-    roofline, roofline_all = bandwidth / read, bandwidth / wbytes
+    roofline = bandwidth / read
     for label in ("first", "second", "third"):
         rate = batch1_decode(engine, 512, args.steps)
         report.row(
@@ -238,7 +234,6 @@ def main() -> None:
             rate,
             "tok/s",
             roofline,
-            of_roofline_with_whole_table=rate / roofline_all,
         )
     rate = graph_only(engine, 512, args.steps)
     report.row(
@@ -246,7 +241,6 @@ def main() -> None:
         rate,
         "tok/s",
         roofline,
-        of_roofline_with_whole_table=rate / roofline_all,
     )
 
     row_decoder = engine.graphs.row if engine.graphs is not None else None

@@ -54,13 +54,27 @@ def fp8_matmul_rate() -> float:
 
 
 def weight_bytes(engine: Engine) -> int:
-    total = sum(t.numel() * t.element_size() for t in engine.model.parameters())
-    total += sum(
-        t.numel() * t.element_size() for n, t in engine.model.named_buffers() if n != "inv_freq"
-    )
-    if engine.model.output.weight is engine.model.tok_embeddings.weight:
-        total += engine.model.output.weight.numel() * engine.model.output.weight.element_size()
+    """Bytes of weights one decode step reads: every parameter and buffer (inv_freq aside)
+    once, but of the embedding table only the rows it looks up (one a sequence: left out), unless
+    the head is that table and reads it whole."""
+    model = engine.model
+    total = sum(t.numel() * t.element_size() for t in model.parameters())
+    total += sum(t.numel() * t.element_size() for n, t in model.named_buffers() if n != "inv_freq")
+    table = model.tok_embeddings.weight
+    if model.output.weight is not table:
+        total -= table.numel() * table.element_size()
     return total
+
+
+def prefill_params(engine: Engine) -> tuple[int, int]:
+    """(per prompt token, per prompt): the weights a prefill multiplies by. Every token goes
+    through the layers' projections; only the row it samples goes through the head (engine.py
+    selects it first); the embedding table is looked up, not multiplied."""
+    model = engine.model
+    head, table = model.output.weight, model.tok_embeddings.weight
+    total = sum(p.numel() for p in model.parameters())
+    layers = total - table.numel() - (0 if head is table else head.numel())
+    return layers, head.numel()
 
 
 def random_prompt(n: int, vocab: int, seed: int) -> list[int]:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.gpu_measure import prefill_params, weight_bytes
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -95,8 +96,8 @@ def main() -> None:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     flops = 2 * 8192**3 / (triton_ms(lambda: a @ a) / 1e3)
     copy = copy_rate()
-    params = sum(p.numel() for p in engine.model.parameters())
-    wbytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    params, head = prefill_params(engine)
+    wbytes = weight_bytes(engine)
     kv_token = 2 * c.n_layers * c.kv_dim * 2
     print(f"copy {copy / 1e12:.2f} TB/s, matmul {flops / 1e12:.0f} TFLOP/s")
 
@@ -108,12 +109,16 @@ def main() -> None:
     prompt = ids(2048, c.vocab_size, 0)
     cases["prefill 2048"] = (
         [SeqInput("p", prompt, 0, table(1, 2048, 0))],
-        2 * params * 2048 / flops,
+        (2 * params * 2048 + 2 * head) / flops,
     )
     mixed = [SeqInput(f"m{i}", ids(480, c.vocab_size, i), 0, table(1, 480, i)) for i in range(3)]
     mixed.append(SeqInput("c", ids(384, c.vocab_size, 9), 256, table(1, 640, 3), sample=False))
     mixed += [SeqInput(f"d{i}", [i], 640, table(1, 640, 4 + i)) for i in range(64)]
-    cases["mixed: 3x480 + chunk 384 + 64 decodes"] = (mixed, 2 * params * (1440 + 384 + 64) / flops)
+    # 1,888 tokens through the layers; 67 sampled rows (3 prompts, 64 decodes) through the head.
+    cases["mixed: 3x480 + chunk 384 + 64 decodes"] = (
+        mixed,
+        2 * (params * 1888 + head * 67) / flops,
+    )
     for n, ctx in ((1, 640), (64, 640), (256, 640), (16, 4096)):
         batch = [SeqInput(f"d{i}", [i], ctx, table(1, ctx, i)) for i in range(n)]
         cases[f"decode {n} x {ctx}"] = (batch, (wbytes + n * (ctx + 1) * kv_token) / copy)

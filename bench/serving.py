@@ -2,8 +2,9 @@
 against the workload's floor, with where each step's time goes.
 
 The floor is the time the hardware needs for the work: every prompt's prefill FLOPs at the
-measured matmul rate, plus every decode step's bytes (the weights once, each sequence's KV at its
-length) at the measured copy bandwidth. A workload of n prompts of L tokens and `out` tokens each
+measured matmul rate (each token through the layers, the last one through the head too), plus
+every decode step's bytes (the weights it reads once, each sequence's KV at its length) at the
+measured copy bandwidth. A workload of n prompts of L tokens and `out` tokens each
 has out - 1 decode steps (the first token comes from the prefill).
 
 `StepProfile` times each step's phases on the host (schedule, inputs, the engine's checks and
@@ -35,7 +36,7 @@ from services.scheduler.scheduler import Scheduler
 
 def workload_floor(
     config: ModelConfig,
-    params: int,
+    params: tuple[int, int],
     weight_bytes: int,
     prompt_lens: list[int],
     out_len: int,
@@ -43,9 +44,14 @@ def workload_floor(
     bandwidth: float,
     kv_bytes_per_element: int = 2,
 ) -> float:
-    """Seconds the work of the workload needs at the measured rates (see the module's doc)."""
+    """Seconds the work of the workload needs at the measured rates (see the module's doc).
+    params: bench.gpu_measure.prefill_params, the weights per prompt token and per prompt."""
     c = config
-    prefill = sum(2 * params * n + 2 * c.n_layers * c.q_dim * n * (n + 1) for n in prompt_lens)
+    per_token, per_prompt = params
+    prefill = sum(
+        2 * per_token * n + 2 * per_prompt + 2 * c.n_layers * c.q_dim * n * (n + 1)
+        for n in prompt_lens
+    )
     kv_token = 2 * c.n_layers * c.kv_dim * kv_bytes_per_element
     steps = out_len - 1
     kv = sum(steps * n + steps * (steps + 1) // 2 for n in prompt_lens) * kv_token

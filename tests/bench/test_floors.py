@@ -1,0 +1,63 @@
+"""The hardware floors bench/gpu.py reports against count the work a step does: a decode step
+reads the head but only one row of an untied embedding table, and a prefill multiplies every
+token through the layers but only its sampled row through the head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_measure import prefill_params, weight_bytes
+from bench.serving import workload_floor
+from engine.engine import Engine
+from tests.engine.conftest import TINY, write_tiny_checkpoint
+
+HIDDEN, FFN, LAYERS, VOCAB = 64, 160, 2, 320
+KV_WIDTH = 2 * 16  # two KV heads of 16
+# Per layer: q and o (64 x 64), k and v (32 x 64), gate, up and down (64 x 160), two norms.
+LAYER = 2 * HIDDEN * HIDDEN + 2 * KV_WIDTH * HIDDEN + 3 * HIDDEN * FFN + 2 * HIDDEN
+LAYERS_AND_FINAL_NORM = LAYERS * LAYER + HIDDEN
+TABLE = VOCAB * HIDDEN
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    folder: Path = tmp_path_factory.mktemp("floors")
+    write_tiny_checkpoint(folder, tie_word_embeddings=request.param)
+    # Plain nn.Linear projections, as on CUDA (the CPU default packs them for oneDNN).
+    return Engine.from_path(
+        folder, kv_cache_bytes=1 << 20, block_size=4, progress=False, quantize="none"
+    )
+
+
+def test_the_tiny_model_is_the_one_counted_here() -> None:
+    assert (TINY["hidden_size"], TINY["intermediate_size"]) == (HIDDEN, FFN)
+    assert (TINY["num_hidden_layers"], TINY["vocab_size"]) == (LAYERS, VOCAB)
+
+
+def test_a_decode_step_reads_the_head_and_not_the_embedding_table(engine: Engine) -> None:
+    element = engine.model.norm.weight.element_size()
+    # Tied or not, the head's matrix is read once and the table's other rows never.
+    assert weight_bytes(engine) == (LAYERS_AND_FINAL_NORM + TABLE) * element
+
+
+def test_a_prefill_multiplies_tokens_through_the_layers_and_one_row_through_the_head(
+    engine: Engine,
+) -> None:
+    assert prefill_params(engine) == (LAYERS_AND_FINAL_NORM, TABLE)
+
+
+def test_the_workload_floor_adds_prefill_flops_and_decode_bytes(engine: Engine) -> None:
+    c = engine.config
+    per_token, head = prefill_params(engine)
+    flops, bandwidth, read = 1e12, 1e12, weight_bytes(engine)
+    # One prompt of 10 tokens and 3 output tokens: a prefill, then 2 decode steps, whose
+    # attention reads 11 and 12 positions.
+    attention = 2 * c.n_layers * c.q_dim * 10 * 11
+    kv_token = 2 * c.n_layers * c.kv_dim * 2
+    expected = (2 * per_token * 10 + 2 * head + attention) / flops + (
+        2 * read + (11 + 12) * kv_token
+    ) / bandwidth
+    floor = workload_floor(c, (per_token, head), read, [10], 3, flops, bandwidth)
+    assert floor == pytest.approx(expected)
