@@ -20,6 +20,7 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import json
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -117,17 +118,27 @@ def main() -> None:
     )
     parser.add_argument("--start", type=float, help="req/s to start from (default per workload)")
     parser.add_argument(
+        "--serve-args",
+        default="",
+        help="more flags for the pipeline, e.g. '--max-num-batched-tokens 1024'",
+    )
+    parser.add_argument(
+        "--workload", choices=sorted(WORKLOADS), action="append", help="only these (default: all)"
+    )
+    parser.add_argument(
         "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "goodput.json"
     )
     args = parser.parse_args()
     flags = ["--model", args.model, "--device", args.device, "--max-num-seqs", "256"]
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16", "--kv-cache-mb", "40000", "--ready-timeout", "600"]
+    flags += shlex.split(args.serve_args)
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-goodput-"))
     found: dict[str, tuple[float, float | None]] = {}
     with pipeline(log_dir, *flags) as served:
         sweep = Sweep(served.address, log_dir, args.duration, args.min_requests)
-        for name, (shape, start) in WORKLOADS.items():
+        for name in args.workload or WORKLOADS:
+            shape, start = WORKLOADS[name]
             found[name] = sweep.search(
                 name, shape, args.start or start, args.max_rate, args.bisections
             )
