@@ -33,7 +33,6 @@ class Delta:
 class Generation:
     """Fills in as it is iterated: the deltas stream out, the totals stay here."""
 
-    request: GenerationRequest
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""

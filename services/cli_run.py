@@ -123,7 +123,7 @@ def _generate(
         stop_token_ids=frozenset() if args.ignore_eos else tokenizer.eos_token_ids,
         stop_strings=tuple(args.stop),
     )
-    result = Generation(request)
+    result = Generation()
     started = time.perf_counter()
     first = None
     for delta in generate(engine, tokenizer, request, result):

@@ -124,7 +124,7 @@ class Reference:
     ) -> Generation:
         stop = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
         request = GenerationRequest(ids, sampling, max_tokens, stop_token_ids=stop)
-        result = Generation(request)
+        result = Generation()
         for _ in generate(self.engine, self.tokenizer, request, result):
             pass
         return result
