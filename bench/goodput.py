@@ -22,8 +22,12 @@ import json
 import os
 import shlex
 import tempfile
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.pipeline import pipeline
 from services.cli import main as tandem
@@ -39,12 +43,59 @@ WORKLOADS = {
 }
 
 
+# The server's own view of the tail, beside the client's: the share of inter-token gaps the
+# tokenizer saw, and of steps the worker ran, longer than each bound (histogram buckets).
+SERVER_TAILS = {
+    "tokenizer-1": ("tandem_inter_token_latency_seconds", (0.025, 0.05)),
+    "worker": ("tandem_step_duration_seconds", (0.025, 0.05)),
+}
+
+
+def bucket_counts(url: str, family: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts, by upper bound, as the process serves them now."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    counts: dict[float, float] = {}
+    for metric in text_string_to_metric_families(text):
+        for sample in metric.samples:
+            if sample.name == f"{family}_bucket":
+                counts[float(sample.labels["le"])] = sample.value
+    return counts
+
+
+def tail_shares(metrics: dict[str, str]) -> Callable[[], dict[str, float]]:
+    """Reads the histograms now; the returned call reads them again and gives, for each process
+    and bound, the share of the observations between the two reads above that bound."""
+    before = {
+        name: bucket_counts(metrics[name], family) for name, (family, _) in SERVER_TAILS.items()
+    }
+
+    def shares() -> dict[str, float]:
+        out = {}
+        for name, (family, bounds) in SERVER_TAILS.items():
+            after = bucket_counts(metrics[name], family)
+            seen = after[float("inf")] - before[name].get(float("inf"), 0.0)
+            for bound in bounds:
+                within = after[bound] - before[name].get(bound, 0.0)
+                out[f"{name} > {bound * 1000:g} ms"] = (seen - within) / seen if seen else 0.0
+        return out
+
+    return shares
+
+
 class Sweep:
     """Runs `tandem bench --rate` against one pipeline; each run sends other prompts (another
     seed): the scheduler's prefix cache outlives a run."""
 
-    def __init__(self, address: str, log_dir: Path, duration_s: float, min_requests: int):
-        self.address, self.log_dir = address, log_dir
+    def __init__(
+        self,
+        address: str,
+        metrics: dict[str, str],
+        log_dir: Path,
+        duration_s: float,
+        min_requests: int,
+    ):
+        self.address, self.metrics, self.log_dir = address, metrics, log_dir
         self.duration_s, self.min_requests = duration_s, min_requests
         self.seed = 100
         self.results: list[dict[str, Any]] = []
@@ -57,7 +108,9 @@ class Sweep:
         requests = max(self.min_requests, round(rate * self.duration_s))
         load = ["--rate", str(rate), "--num-requests", str(requests), "--warmup", "2"]
         load += ["--ignore-eos", "--seed", str(self.seed), "--no-progress", "--json", str(out)]
+        server_tails = tail_shares(self.metrics)
         tandem(["bench", "--backend", "tandem", "--url", self.address, *shape, *load])
+        tails = server_tails()
         summary = json.loads(out.read_text())["runs"][0]["summary"][0]
         ttft, itl = summary["ttft_s"]["p99"], summary["itl_s"]["p99"]
         ok = ttft <= TTFT_P99_S and itl <= ITL_P99_S and not summary["failed"]
@@ -68,13 +121,15 @@ class Sweep:
                 "requests": requests,
                 "meets_slo": ok,
                 "summary": summary,
+                "server_tail_shares": tails,
             }
         )
         print(
             f"{name:<14} {rate:>5.1f} req/s ({requests} requests): "
             f"{summary['request_throughput']:5.2f} req/s done, "
             f"{summary['output_throughput']:7.0f} tok/s, TTFT p99 {ttft * 1000:6.0f} ms, "
-            f"ITL p99 {itl * 1000:5.1f} ms {'meets' if ok else 'misses'} the SLO",
+            f"ITL p99 {itl * 1000:5.1f} ms {'meets' if ok else 'misses'} the SLO; "
+            + ", ".join(f"{k} {v:.2%}" for k, v in tails.items()),
             flush=True,
         )
         return ok
@@ -136,7 +191,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="tandem-goodput-"))
     found: dict[str, tuple[float, float | None]] = {}
     with pipeline(log_dir, *flags) as served:
-        sweep = Sweep(served.address, log_dir, args.duration, args.min_requests)
+        sweep = Sweep(served.address, served.metrics, log_dir, args.duration, args.min_requests)
         for name in args.workload or WORKLOADS:
             shape, start = WORKLOADS[name]
             found[name] = sweep.search(
