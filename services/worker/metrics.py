@@ -18,9 +18,19 @@ class WorkerMetrics:
         f, m = Families(self.registry), model_name
         self.step_duration = f.histogram(
             "tandem_step_duration_seconds",
-            "Wall time of one step in the worker: reading its inputs, the forward pass, sampling.",
+            "Wall time of one step in the worker, from its launch until its outputs are read "
+            "(on CUDA with --overlap-steps, that is after the next step's launch).",
             STEP_BUCKETS,
         ).labels(m)
+        launch = f.histogram(
+            "tandem_step_launch_seconds",
+            "Host time to launch one step (its inputs read, the engine's preparation, its kernels "
+            "queued; on CPU the whole step), by whether it carries prefill tokens.",
+            STEP_BUCKETS,
+            "kind",
+        )
+        self.launch_prefill = launch.labels(m, "prefill")
+        self.launch_decode = launch.labels(m, "decode")
         self.batch_size = f.histogram(
             "tandem_step_batch_size", "Sequences in one step.", BATCH_BUCKETS
         ).labels(m)

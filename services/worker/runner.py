@@ -56,6 +56,7 @@ class InFlight:
     start_ns: int
     started: float = field(default_factory=time.perf_counter)
     submitted: Submitted | None = None  # None: nothing went to the engine
+    launch_s: float | None = None  # host seconds `start` took
     sampling: set[int] = field(default_factory=set)  # the sequences it samples
 
     def done(self) -> bool:
@@ -97,6 +98,7 @@ class StepRunner:
             self._start(flight, after)
         except BaseException as err:
             self._failed(flight, err)
+        flight.launch_s = time.perf_counter() - flight.started
         return flight
 
     def finish(self, flight: InFlight) -> hp.StepOutcome:
@@ -119,7 +121,9 @@ class StepRunner:
                 outcome.top_ids.extend([t for t, _ in out.top_logprobs] + [-1] * pad)
                 outcome.top_logprobs.extend([lp for _, lp in out.top_logprobs] + [0.0] * pad)
         seconds = time.perf_counter() - flight.started
-        self.telemetry.record(flight.desc, outcome, flight.start_ns, seconds)
+        self.telemetry.record(
+            flight.desc, outcome, flight.start_ns, seconds, launch_s=flight.launch_s
+        )
         return outcome
 
     def _failed(self, flight: InFlight, err: BaseException) -> NoReturn:

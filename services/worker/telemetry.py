@@ -43,9 +43,10 @@ class WorkerTelemetry:
         start_ns: int,
         duration_s: float,
         error: BaseException | None = None,
+        launch_s: float | None = None,
     ) -> None:
         """Note a step that ran; nothing is made until `flush`."""
-        self.pending.append(_Step(desc, outcome, start_ns, duration_s, error))
+        self.pending.append(_Step(desc, outcome, start_ns, duration_s, error, launch_s))
 
     def flush(self) -> None:
         """Make the spans and observations of the steps recorded since the last flush. Called
@@ -60,6 +61,9 @@ class WorkerTelemetry:
     def _observe(self, step: _Step) -> None:
         m, desc = self.metrics, step.desc
         m.step_duration.observe(step.duration_s)
+        if step.launch_s is not None:
+            launch = m.launch_prefill if desc.num_prefill_tokens else m.launch_decode
+            launch.observe(step.launch_s)
         m.batch_size.observe(len(desc.seq_ids))
         m.iteration_tokens.observe(desc.num_prefill_tokens + desc.num_decode_tokens)
         m.prefill_tokens.inc(desc.num_prefill_tokens)
@@ -114,3 +118,4 @@ class _Step:
     start_ns: int  # since the epoch
     duration_s: float
     error: BaseException | None
+    launch_s: float | None  # None: the launch failed

@@ -176,7 +176,8 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
     first = step(0, [1, 2, 3], {1: REQUEST_SPAN, 2: other, 3: UNSAMPLED}, REQUEST_SPAN)
     second = step(1, [1, 2, 3], {}, REQUEST_SPAN)
     for desc in (first, second):
-        t.record(desc, hp.StepOutcome(step_id=desc.step_id, seq_ids=[1, 2]), 10**18, 0.5)
+        outcome = hp.StepOutcome(step_id=desc.step_id, seq_ids=[1, 2])
+        t.record(desc, outcome, 10**18, 0.5, launch_s=0.125)
     assert not recorded.named("step")  # made only once the outcome is on its way
     t.flush()
     spans = recorded.named("step")
@@ -194,6 +195,10 @@ def test_a_step_span_links_every_request_it_served(recorded: Recorded) -> None:
         assert span.attributes["tandem.kv.blocks_in_use"] == 7
         assert span.start_time == 10**18 and span.end_time == 10**18 + 500_000_000
     assert sample(metrics, "tandem_step_duration_seconds_count") == 2
+    # The first step admits three prompts, the second only decodes.
+    assert sample(metrics, "tandem_step_launch_seconds_count", kind="prefill") == 1
+    assert sample(metrics, "tandem_step_launch_seconds_count", kind="decode") == 1
+    assert sample(metrics, "tandem_step_launch_seconds_sum", kind="decode") == 0.125
     assert sample(metrics, "tandem_step_tokens_total", kind="prefill") == 12
     assert sample(metrics, "tandem_step_tokens_total", kind="decode") == 3
     assert sample(metrics, "tandem_iteration_tokens_total_sum") == 15

@@ -14,8 +14,10 @@ from engine import registry
 from engine.engine import Engine
 from engine.sampling_params import GREEDY, SamplingParams
 from services.protocol import PLACEHOLDER, sampling_to_pb
+from services.worker.metrics import WorkerMetrics
 from services.worker.runner import StepRunner
 from services.worker.service import RingLoop
+from services.worker.telemetry import WorkerTelemetry
 from shm.consumer import RingConsumer
 from shm.producer import RingProducer
 from shm.reader import Reader
@@ -114,3 +116,21 @@ def test_the_ring_loop_sends_every_outcome_in_order(engine: Engine, overlap: boo
         steps.close()
     assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
     assert tokens(outcomes) == expected
+
+
+def test_each_step_records_its_launch_time_within_its_duration(engine: Engine) -> None:
+    metrics = WorkerMetrics("m")
+    runner = StepRunner(engine, Reader(), WorkerTelemetry(metrics=metrics))
+    for desc in plans():
+        runner.run(desc)
+    runner.telemetry.flush()
+    runner.reset()
+
+    def value(name: str) -> float:
+        return metrics.registry.get_sample_value(name, {"model_name": "m", "kind": "decode"}) or 0
+
+    duration = metrics.registry.get_sample_value(
+        "tandem_step_duration_seconds_sum", {"model_name": "m"}
+    )
+    assert value("tandem_step_launch_seconds_count") == STEPS
+    assert duration is not None and 0 < value("tandem_step_launch_seconds_sum") <= duration
