@@ -44,39 +44,46 @@ WORKLOADS = {
 
 
 # The server's own view of the tail, beside the client's: the share of inter-token gaps the
-# tokenizer saw, and of steps the worker ran, longer than each bound (histogram buckets).
+# tokenizer saw, of steps the worker ran, and of the worker's launches of steps carrying prefill,
+# longer than each bound (histogram buckets). Name -> (process, family, its labels to match).
 SERVER_TAILS = {
-    "tokenizer-1": ("tandem_inter_token_latency_seconds", (0.025, 0.05)),
-    "worker": ("tandem_step_duration_seconds", (0.025, 0.05)),
+    "gaps": ("tokenizer-1", "tandem_inter_token_latency_seconds", {}),
+    "steps": ("worker", "tandem_step_duration_seconds", {}),
+    "prefill launches": ("worker", "tandem_step_launch_seconds", {"kind": "prefill"}),
 }
+TAIL_BOUNDS_S = (0.025, 0.05)
 
 
-def bucket_counts(url: str, family: str) -> dict[float, float]:
+def bucket_counts(url: str, family: str, labels: dict[str, str]) -> dict[float, float]:
     """A histogram's cumulative bucket counts, by upper bound, as the process serves them now."""
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     counts: dict[float, float] = {}
     for metric in text_string_to_metric_families(text):
         for sample in metric.samples:
-            if sample.name == f"{family}_bucket":
+            if sample.name == f"{family}_bucket" and labels.items() <= sample.labels.items():
                 counts[float(sample.labels["le"])] = sample.value
     return counts
 
 
 def tail_shares(metrics: dict[str, str]) -> Callable[[], dict[str, float]]:
-    """Reads the histograms now; the returned call reads them again and gives, for each process
-    and bound, the share of the observations between the two reads above that bound."""
-    before = {
-        name: bucket_counts(metrics[name], family) for name, (family, _) in SERVER_TAILS.items()
-    }
+    """Reads the histograms now; the returned call reads them again and gives, for each and
+    each bound, the share of the observations between the two reads above that bound."""
+
+    def read() -> dict[str, dict[float, float]]:
+        return {
+            name: bucket_counts(metrics[process], family, labels)
+            for name, (process, family, labels) in SERVER_TAILS.items()
+        }
+
+    before = read()
 
     def shares() -> dict[str, float]:
         out = {}
-        for name, (family, bounds) in SERVER_TAILS.items():
-            after = bucket_counts(metrics[name], family)
-            seen = after[float("inf")] - before[name].get(float("inf"), 0.0)
-            for bound in bounds:
-                within = after[bound] - before[name].get(bound, 0.0)
+        for name, after in read().items():
+            seen = after.get(float("inf"), 0.0) - before[name].get(float("inf"), 0.0)
+            for bound in TAIL_BOUNDS_S:
+                within = after.get(bound, 0.0) - before[name].get(bound, 0.0)
                 out[f"{name} > {bound * 1000:g} ms"] = (seen - within) / seen if seen else 0.0
         return out
 
