@@ -41,9 +41,9 @@ class RingLoop(threading.Thread):
     def __init__(
         self, runner: StepRunner, lock: threading.Lock, step_ring: str, overlap: bool
     ) -> None:
-        """overlap: launch each step before reading the tokens of the one before it, which the
-        engine then feeds it on the device (Engine.submit); the host's work for a step, and the
-        scheduler's hop, hide behind the GPU's work on the step before."""
+        """overlap: launch each decode-only step before reading the tokens of the one before
+        it, which the engine then feeds it on the device (Engine.submit); the host's work for a
+        step, and the scheduler's hop, hide behind the GPU's work on the step before."""
         super().__init__(name="step-ring", daemon=True)
         self.runner = runner
         self.lock = lock
@@ -68,6 +68,12 @@ class RingLoop(threading.Thread):
                     continue
                 received = time.monotonic_ns()
                 desc = hp.StepDescriptor.FromString(record)
+                if running is not None and desc.num_prefill_tokens:
+                    # A step with prefill launches eagerly, hundreds of kernels, and its launch
+                    # can block on the device part-way (a full launch queue): the step before's
+                    # tokens would wait for all of it. Its own GPU time hides this host gap.
+                    self._send(running)
+                    running = None
                 with self.lock:
                     flight = self.runner.start(desc, running if self.overlap else None)
                 flight.outcome.received_ns = received

@@ -15,7 +15,7 @@ from engine.engine import Engine
 from engine.sampling_params import GREEDY, SamplingParams
 from services.protocol import PLACEHOLDER, sampling_to_pb
 from services.worker.metrics import WorkerMetrics
-from services.worker.runner import StepRunner
+from services.worker.runner import InFlight, StepRunner
 from services.worker.service import RingLoop
 from services.worker.telemetry import WorkerTelemetry
 from shm.consumer import RingConsumer
@@ -134,3 +134,58 @@ def test_each_step_records_its_launch_time_within_its_duration(engine: Engine) -
     )
     assert value("tandem_step_launch_seconds_count") == STEPS
     assert duration is not None and 0 < value("tandem_step_launch_seconds_sum") <= duration
+
+
+class _Recording(StepRunner):
+    """A StepRunner that notes the order in which steps are launched and finished."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, Reader())
+        self.order: list[str] = []
+
+    def start(self, desc: hp.StepDescriptor, after: object = None) -> InFlight:  # type: ignore[override]
+        self.order.append(f"start {desc.step_id}{' after' if after is not None else ''}")
+        return super().start(desc, after)  # type: ignore[arg-type]
+
+    def finish(self, flight: InFlight) -> hp.StepOutcome:
+        self.order.append(f"finish {flight.desc.step_id}")
+        return super().finish(flight)
+
+
+def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> None:
+    """Decode-only steps launch before the step before them is read; a step carrying prefill
+    launches after it is sent, so its long eager launch never holds those tokens."""
+    steps_planned = plans()
+    late = steps_planned[3]  # a fourth sequence's prompt joins the decodes of step 4
+    prompt = list(range(100, 107))
+    late.new_seqs.add(
+        seq_id=4, prompt_ids=prompt, prompt_len=len(prompt), sampling=sampling_to_pb(GREEDY)
+    )
+    late.seq_ids.append(4)
+    late.start_pos.append(0)
+    late.num_tokens.append(len(prompt))
+    late.from_prompt.append(len(prompt))
+    late.sample.append(True)
+    late.block_counts.append(2)
+    late.blocks.extend([6, 7])
+    late.num_prefill_tokens = len(prompt)
+    steps_planned[0].num_prefill_tokens = 17
+    runner = _Recording(engine)
+    steps = RingProducer.create(1 << 16)
+    loop = RingLoop(runner, threading.Lock(), steps.name, overlap=True)
+    results = RingConsumer.attach(loop.results.name)
+    loop.start()
+    try:
+        for desc in steps_planned:
+            steps.put(desc.SerializeToString())
+        outcomes = [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in range(STEPS)]
+    finally:
+        loop.stop()
+        results.close()
+        steps.close()
+    assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
+    assert 4 in outcomes[3].seq_ids
+    order = runner.order
+    assert order.index("finish 3") < order.index("start 4")  # prefill: the outcome first
+    assert "start 4 after" not in order
+    assert order.index("start 3 after") < order.index("finish 2")  # decodes: overlapped
