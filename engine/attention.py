@@ -26,10 +26,22 @@ class PrefillSpan:
 
     q_start: int
     q_end: int
-    # Slots of all start_pos + q_len keys and the (q_len, ctx) causal mask with offset; both None
-    # when start_pos == 0, since then the new K/V are the whole context.
+    start_pos: int
+    # Slots of all start_pos + q_len keys; None when start_pos == 0, since then the new K/V are
+    # the whole context.
     key_slots: torch.Tensor | None
-    mask: torch.Tensor | None
+    _mask: torch.Tensor | None = None
+
+    def mask(self) -> torch.Tensor | None:
+        """The (q_len, ctx) causal mask with offset (None for a whole prompt), made on the device
+        when a kernel first asks: the Triton prefill kernel needs none, and uploading one (MBs
+        for a long chunk) would wait for the step before it to finish."""
+        if self.key_slots is None:
+            return None
+        if self._mask is None:
+            positions = torch.arange(len(self.key_slots), device=self.key_slots.device)
+            self._mask = positions[None, :] <= positions[self.start_pos :, None]
+        return self._mask
 
 
 class DecodeGroup(Protocol):
@@ -113,12 +125,8 @@ def build_metadata(
             seq_slots = np.asarray(table, dtype=np.int64)[positions // block_size] * block_size
             seq_slots += positions % block_size
             slot_parts.append(seq_slots[start:])
-            span = PrefillSpan(row, row + length, None, None)
-            if start > 0:
-                mask = positions[None, :] <= positions[start:, None]  # (q_len, ctx)
-                span.key_slots = to_device(seq_slots, device)
-                span.mask = to_device(mask, device)
-            prefills.append(span)
+            key_slots = to_device(seq_slots, device) if start > 0 else None
+            prefills.append(PrefillSpan(row, row + length, start, key_slots))
         row += length
     decodes: DecodeGroup | None = None
     if decode_idx:
@@ -208,7 +216,7 @@ def paged_attention(
                 kernel.prefill_attention(q[rows], keys, values, out=out[rows])
                 continue
         qs, keys, values = (t.transpose(0, 1) for t in (q[rows], keys, values))  # heads first
-        out[rows] = _prefill(qs, keys, values, span.mask).transpose(0, 1)
+        out[rows] = _prefill(qs, keys, values, span.mask()).transpose(0, 1)
     if group is not None:
         out.index_copy_(0, group.rows, group.attend(q.index_select(0, group.rows), pool))
     return out

@@ -12,6 +12,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.errors import InvalidRequest
@@ -114,7 +115,7 @@ class Sampler:
         if not rows:
             return logits
         logits = logits.clone()
-        vocab = logits.shape[-1]
+        device = logits.device
         for i in rows:
             history = histories[i]
             if history is None:
@@ -122,18 +123,21 @@ class Sampler:
             tokens, prompt_len = history
             p = params[i]
             row = logits[i]
-            ids = torch.tensor(tokens, dtype=torch.int64, device=logits.device)
+            # Which ids occur, and how often, counted on the host: on the device, unique and
+            # bincount size their outputs by reading the data, which waits for the step.
+            ids = np.asarray(tokens, dtype=np.int64)
             if p.repetition_penalty != 1.0 and len(tokens):
-                seen = torch.unique(ids)
+                seen = to_device(np.unique(ids), device)
                 vals = row[seen]
                 row[seen] = torch.where(
                     vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
                 )
             output = ids[prompt_len:]
             if len(output) and (p.presence_penalty or p.frequency_penalty):
-                counts = torch.bincount(output, minlength=vocab).to(row.dtype)
-                present = (counts > 0).to(row.dtype)
-                row -= p.frequency_penalty * counts + p.presence_penalty * present
+                present, counts = np.unique(output, return_counts=True)
+                counts_t = to_device(counts.astype(np.float32), device)
+                penalty = p.frequency_penalty * counts_t + p.presence_penalty
+                row.index_add_(0, to_device(present, device), -penalty)
         return logits
 
     @staticmethod
@@ -150,20 +154,20 @@ class Sampler:
             return logits
         if logits is raw:
             logits = logits.clone()
-        vocab = logits.shape[-1]
+        vocab, device = logits.shape[-1], logits.device
         for i in rows:
             p = params[i]
             if p.logit_bias:
                 ids = [t for t, _ in p.logit_bias]
                 if max(ids) >= vocab:
                     raise InvalidRequest("logit_bias", f"ids must be below the vocabulary {vocab}")
-                bias = torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype)
-                logits[i].index_add_(0, torch.tensor(ids, device=logits.device), bias.to(logits))
+                bias = to_device(np.array([b for _, b in p.logit_bias], np.float32), device)
+                logits[i].index_add_(0, to_device(ids, device), bias.to(logits.dtype))
             produced = positions[i] - (prompt_lens[i] if prompt_lens is not None else 0)
             if produced < p.min_tokens:
                 stops = [t for t in p.stop_token_ids if 0 <= t < vocab]
                 if stops:
-                    logits[i, torch.tensor(stops, device=logits.device)] = float("-inf")
+                    logits[i].index_fill_(0, to_device(stops, device), float("-inf"))
         return logits
 
     @staticmethod

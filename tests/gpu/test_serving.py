@@ -95,3 +95,36 @@ def test_steps_submitted_ahead_on_cuda_equal_steps_one_at_a_time(tandem_home: Pa
     expected = _drive(engine, ahead=False)
     assert [len(t) for t in expected.values()] == [12, 8, 6]
     assert _drive(engine, ahead=True) == expected
+
+
+def test_launching_a_step_never_waits_for_the_device(tandem_home: Path) -> None:
+    """Engine.submit returns while the step before it runs, whatever the step carries: a chunk
+    that continues a long prompt, penalties, logit bias, min_tokens, sampling. A launch that
+    waited would hold the tokens of the step before it (the worker's overlap)."""
+    path = registry.resolve("llama3-tiny-random", tandem_home)
+    engine = Engine.from_path(path, "cuda", "bfloat16", 512 << 20, progress=False)
+    vocab, bs = engine.config.vocab_size, engine.block_size
+    gen = torch.Generator().manual_seed(3)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    fussy = SamplingParams(
+        temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=4, logprobs=3,
+        repetition_penalty=1.2, presence_penalty=0.4, frequency_penalty=0.3,
+        logit_bias=((5, 2.0), (9, -1.0)), min_tokens=50, stop_token_ids=(2,),
+    )  # fmt: skip
+    chunk = SeqInput("chunk", ids(1000), 1000, list(range(2000 // bs + 1)), sample=False)
+    batch = [
+        chunk,
+        SeqInput("fussy", ids(40), 0, [200, 201, 202], fussy, prompt_len=40),
+        SeqInput("sampled", ids(30), 0, [210, 211], SamplingParams(temperature=0.7, seed=1)),
+    ]
+    engine.step(batch)  # its kernels compiled
+    engine.release(["fussy", "sampled"])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        submitted = engine.submit(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert [out.seq_id for out in engine.collect(submitted)] == ["fussy", "sampled"]
