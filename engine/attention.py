@@ -125,8 +125,8 @@ def build_metadata(
             seq_slots = np.asarray(table, dtype=np.int64)[positions // block_size] * block_size
             seq_slots += positions % block_size
             slot_parts.append(seq_slots[start:])
-            key_slots = to_device(seq_slots, device) if start > 0 else None
-            prefills.append(PrefillSpan(row, row + length, start, key_slots))
+            context_slots = to_device(seq_slots, device) if start > 0 else None
+            prefills.append(PrefillSpan(row, row + length, start, context_slots))
         row += length
     decodes: DecodeGroup | None = None
     if decode_idx:

@@ -69,8 +69,8 @@ class EngineSettings:
     gpu_memory_fraction: float = flag(0.9, "share of the GPU for weights, activations and KV cache")
     overlap_steps: bool = flag(
         True,
-        "the worker launches each step before it has read the tokens of the step before, which "
-        "the engine feeds it on the device (CUDA with one rank; elsewhere off)",
+        "the worker launches each decode-only step before it has read the tokens of the step "
+        "before, which the engine feeds it on the device (CUDA with one rank; elsewhere off)",
     )
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ class WorkerMetrics:
         self.step_duration = f.histogram(
             "tandem_step_duration_seconds",
             "Wall time of one step in the worker, from its launch until its outputs are read "
-            "(on CUDA with --overlap-steps, that is after the next step's launch).",
+            "(on CUDA with --overlap-steps, after the next step's launch if that is decode-only).",
             STEP_BUCKETS,
         ).labels(m)
         launch = f.histogram(
