@@ -74,6 +74,25 @@ def tokens(outcomes: list[hp.StepOutcome]) -> list[list[tuple[int, int]]]:
     return [list(zip(o.seq_ids, o.token_ids, strict=True)) for o in outcomes]
 
 
+def through_ring(
+    runner: StepRunner, descs: list[hp.StepDescriptor], overlap: bool
+) -> list[hp.StepOutcome]:
+    """The outcomes of `descs` through a RingLoop, all queued at once (as an async scheduler's
+    two plans in flight are, and more)."""
+    steps = RingProducer.create(1 << 16)
+    loop = RingLoop(runner, threading.Lock(), steps.name, overlap)
+    results = RingConsumer.attach(loop.results.name)
+    loop.start()
+    try:
+        for desc in descs:
+            steps.put(desc.SerializeToString())
+        return [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in descs]
+    finally:
+        loop.stop()
+        results.close()
+        steps.close()
+
+
 def one_at_a_time(engine: Engine) -> list[hp.StepOutcome]:
     runner = StepRunner(engine, Reader())
     outcomes = [runner.run(desc) for desc in plans()]
@@ -101,19 +120,7 @@ def test_steps_launched_ahead_give_the_same_outcomes(engine: Engine) -> None:
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_ring_loop_sends_every_outcome_in_order(engine: Engine, overlap: bool) -> None:
     expected = tokens(one_at_a_time(engine))
-    steps = RingProducer.create(1 << 16)
-    loop = RingLoop(StepRunner(engine, Reader()), threading.Lock(), steps.name, overlap)
-    results = RingConsumer.attach(loop.results.name)
-    loop.start()
-    try:
-        # All queued at once, as an async scheduler's two plans in flight are, and more.
-        for desc in plans():
-            steps.put(desc.SerializeToString())
-        outcomes = [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in range(STEPS)]
-    finally:
-        loop.stop()
-        results.close()
-        steps.close()
+    outcomes = through_ring(StepRunner(engine, Reader()), plans(), overlap)
     assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
     assert tokens(outcomes) == expected
 
@@ -171,18 +178,7 @@ def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> 
     late.num_prefill_tokens = len(prompt)
     steps_planned[0].num_prefill_tokens = 17
     runner = _Recording(engine)
-    steps = RingProducer.create(1 << 16)
-    loop = RingLoop(runner, threading.Lock(), steps.name, overlap=True)
-    results = RingConsumer.attach(loop.results.name)
-    loop.start()
-    try:
-        for desc in steps_planned:
-            steps.put(desc.SerializeToString())
-        outcomes = [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in range(STEPS)]
-    finally:
-        loop.stop()
-        results.close()
-        steps.close()
+    outcomes = through_ring(runner, steps_planned, overlap=True)
     assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
     assert 4 in outcomes[3].seq_ids
     order = runner.order
