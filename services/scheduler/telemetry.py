@@ -196,9 +196,8 @@ class SchedulerTelemetry:
         self.metrics.observe_stats(stats)
 
     def on_plan(self, plan: StepPlan, desc: hp.StepDescriptor, stats: SchedulerStats) -> None:
-        """Fill the step record's telemetry fields before it is sent."""
-        desc.num_prefill_tokens = plan.num_prefill_tokens
-        desc.num_decode_tokens = plan.num_decode_tokens
+        """Fill the step record's telemetry fields before it is sent (encode_plan wrote the
+        plan's own)."""
         desc.kv_blocks_used = stats.kv_blocks_used
         if not self.tracing_on:
             return
