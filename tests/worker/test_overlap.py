@@ -77,15 +77,16 @@ def tokens(outcomes: list[hp.StepOutcome]) -> list[list[tuple[int, int]]]:
 def through_ring(
     runner: StepRunner, descs: list[hp.StepDescriptor], overlap: bool
 ) -> list[hp.StepOutcome]:
-    """The outcomes of `descs` through a RingLoop, all queued at once (as an async scheduler's
-    two plans in flight are, and more)."""
+    """The outcomes of `descs` through a RingLoop, all queued before it starts (as an async
+    scheduler's two plans in flight are, and more), so that each step finds the next one
+    waiting whatever the machine's pace."""
     steps = RingProducer.create(1 << 16)
     loop = RingLoop(runner, threading.Lock(), steps.name, overlap)
     results = RingConsumer.attach(loop.results.name)
+    for desc in descs:
+        steps.put(desc.SerializeToString())
     loop.start()
     try:
-        for desc in descs:
-            steps.put(desc.SerializeToString())
         return [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in descs]
     finally:
         loop.stop()
