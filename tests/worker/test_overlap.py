@@ -5,6 +5,7 @@ through the step ring's loop."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,10 @@ def tokens(outcomes: list[hp.StepOutcome]) -> list[list[tuple[int, int]]]:
 
 
 def through_ring(
-    runner: StepRunner, descs: list[hp.StepDescriptor], overlap: bool
+    runner: StepRunner,
+    descs: list[hp.StepDescriptor],
+    overlap: bool,
+    on_outcome: Callable[[hp.StepOutcome], None] = lambda outcome: None,
 ) -> list[hp.StepOutcome]:
     """The outcomes of `descs` through a RingLoop, all queued before it starts (as an async
     scheduler's two plans in flight are, and more), so that each step finds the next one
@@ -87,7 +91,11 @@ def through_ring(
         steps.put(desc.SerializeToString())
     loop.start()
     try:
-        return [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in descs]
+        outcomes = []
+        for _ in descs:
+            outcomes.append(hp.StepOutcome.FromString(results.get(timeout=60)))
+            on_outcome(outcomes[-1])
+        return outcomes
     finally:
         loop.stop()
         results.close()
@@ -144,25 +152,26 @@ def test_each_step_records_its_launch_time_within_its_duration(engine: Engine) -
     assert duration is not None and 0 < value("tandem_step_launch_seconds_sum") <= duration
 
 
-class _Recording(StepRunner):
-    """A StepRunner that notes the order in which steps are launched and finished."""
+class _SlowLaunch(StepRunner):
+    """A StepRunner whose launch of step 4 lasts until step 3's outcome has left on the ring
+    (or 20 s), as a long eager launch of a step carrying prefill does on a GPU."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine, Reader())
-        self.order: list[str] = []
+        self.third_sent = threading.Event()
+        self.launched_after: dict[int, bool] = {}
+        self.third_sent_during_launch = False
 
-    def start(self, desc: hp.StepDescriptor, after: object = None) -> InFlight:  # type: ignore[override]
-        self.order.append(f"start {desc.step_id}{' after' if after is not None else ''}")
-        return super().start(desc, after)  # type: ignore[arg-type]
-
-    def finish(self, flight: InFlight) -> hp.StepOutcome:
-        self.order.append(f"finish {flight.desc.step_id}")
-        return super().finish(flight)
+    def start(self, desc: hp.StepDescriptor, after: InFlight | None = None) -> InFlight:
+        self.launched_after[desc.step_id] = after is not None
+        if desc.step_id == 4:
+            self.third_sent_during_launch = self.third_sent.wait(timeout=20)
+        return super().start(desc, after)
 
 
-def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> None:
-    """Decode-only steps launch before the step before them is read; a step carrying prefill
-    launches after it is sent, so its long eager launch never holds those tokens."""
+def test_an_outcome_never_waits_for_the_next_steps_launch(engine: Engine) -> None:
+    """Step 4 carries a new prompt, so its launch is long: step 3's tokens leave while it
+    lasts, and step 4 is still launched before step 3 is read (the overlap is kept)."""
     steps_planned = plans()
     late = steps_planned[3]  # a fourth sequence's prompt joins the decodes of step 4
     prompt = list(range(100, 107))
@@ -177,12 +186,15 @@ def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> 
     late.block_counts.append(2)
     late.blocks.extend([6, 7])
     late.num_prefill_tokens = len(prompt)
-    steps_planned[0].num_prefill_tokens = 17
-    runner = _Recording(engine)
-    outcomes = through_ring(runner, steps_planned, overlap=True)
+    runner = _SlowLaunch(engine)
+
+    def seen(outcome: hp.StepOutcome) -> None:
+        if outcome.step_id == 3:
+            runner.third_sent.set()
+
+    outcomes = through_ring(runner, steps_planned, overlap=True, on_outcome=seen)
+    runner.reset()
     assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
     assert 4 in outcomes[3].seq_ids
-    order = runner.order
-    assert order.index("finish 3") < order.index("start 4")  # prefill: the outcome first
-    assert "start 4 after" not in order
-    assert order.index("start 3 after") < order.index("finish 2")  # decodes: overlapped
+    assert runner.third_sent_during_launch
+    assert runner.launched_after == {1: False, 2: True, 3: True, 4: True, 5: True, 6: True}
