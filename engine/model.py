@@ -137,4 +137,8 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, dim) → (N, vocab) in fp32, for the rows that are sampled."""
+        if hidden.is_cuda and hidden.dtype != torch.float32 and type(self.output) is nn.Linear:
+            # fp32 straight out of the GEMM's accumulators: no rounding to the model's dtype,
+            # and no pass over the logits to widen them (mm's out_dtype is CUDA's alone).
+            return torch.mm(hidden, self.output.weight.t(), out_dtype=torch.float32)
         return self.output(hidden).float()

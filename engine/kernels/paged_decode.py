@@ -88,24 +88,29 @@ def _partial(
 def _merge(
     acc_ptr, m_ptr, l_ptr, out_ptr, ctx_ptr,
     stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh, stride_cb,
-    PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
+    GROUP: tl.constexpr, PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr,
+    PART: tl.constexpr,
 ):  # fmt: skip
+    """Program (b, h): sequence b, the GROUP query heads of KV head h. At many sequences most
+    contexts fit one partition and the launch is mostly programs that return at once: the
+    fewer and the smaller, the sooner it is done (bench/RESULTS-gpu.md)."""
     b = tl.program_id(0)
-    h = tl.program_id(1)
     if tl.load(ctx_ptr + b * stride_cb) <= PART:
         return  # one partition, which wrote the output itself
     s = tl.arange(0, PARTS_PAD)
     d = tl.arange(0, D)
     smask = s < PARTS
-    m = tl.load(m_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=float("-inf"))
-    lsum = tl.load(l_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=0.0)
-    weight = tl.exp(m - tl.max(m, 0))  # empty partitions: exp(-inf) = 0
-    # An empty partition never wrote its accumulator: not even read, since 0 * NaN is NaN.
-    used = smask & (m > float("-inf"))
-    acc = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s[:, None] * stride_as + d[None, :],
-                  mask=used[:, None], other=0.0)  # (PARTS_PAD, D)  # fmt: skip
-    out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * lsum, 0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    for g in tl.static_range(GROUP):
+        h = tl.program_id(1) * GROUP + g
+        m = tl.load(m_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=float("-inf"))
+        lsum = tl.load(l_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=0.0)
+        weight = tl.exp(m - tl.max(m, 0))  # empty partitions: exp(-inf) = 0
+        # An empty partition never wrote its accumulator: not even read, since 0 * NaN is NaN.
+        used = smask & (m > float("-inf"))
+        acc = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s[:, None] * stride_as + d[None, :],
+                      mask=used[:, None], other=0.0)  # (PARTS_PAD, D)  # fmt: skip
+        out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * lsum, 0)
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
 @dataclass(frozen=True)
@@ -196,11 +201,13 @@ class PagedDecode:
             KV_FP8=pool.dtype == torch.float8_e4m3fn, num_warps=tiling.warps,
             num_stages=tiling.stages,
         )  # fmt: skip
-        _merge[(b, n_heads)](
+        parts_pad = triton.next_power_of_2(parts)
+        _merge[(b, self.n_kv)](
             acc, maxes, sums, out, context_lens,
             acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
             out.stride(0), out.stride(1), context_lens.stride(0),
-            PARTS=parts, PARTS_PAD=triton.next_power_of_2(parts), D=hd,
+            GROUP=self.group, PARTS=parts, PARTS_PAD=parts_pad, D=hd,
             PART=part_blocks * self.block_size,
+            num_warps=min(4, max(1, parts_pad * hd // 1024)),  # a warp holds 32 floats a lane
         )  # fmt: skip
         return out
