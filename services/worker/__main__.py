@@ -59,10 +59,6 @@ async def serve(config: WorkerConfig) -> int:
         reader = Reader()
         policy = ThreadPolicy(threads, os.cpu_count() or 1) if engine.device.type == "cpu" else None
         overlap = e.overlap_steps and engine.device.type == "cuda" and engine.followers is None
-        if overlap:
-            # The outcome sender wakes while the ring loop's thread launches a step: it gets
-            # the interpreter within a millisecond, not Python's default five.
-            sys.setswitchinterval(1e-3)
         telemetry = WorkerTelemetry(tracing, metrics)
         servicer = WorkerServicer(engine, model.model, reader, telemetry, policy, overlap)
 

@@ -59,6 +59,10 @@ class InFlight:
     launch_s: float | None = None  # host seconds `start` took
     sampling: set[int] = field(default_factory=set)  # the sequences it samples
 
+    def done(self) -> bool:
+        """Its outputs are ready to collect without waiting."""
+        return self.submitted is None or self.submitted.done is None or self.submitted.done.query()
+
 
 class StepRunner:
     """Keeps per-sequence state (prompt source, sampling) between steps, keyed by seq id."""
@@ -98,8 +102,6 @@ class StepRunner:
         return flight
 
     def finish(self, flight: InFlight) -> hp.StepOutcome:
-        """Wait for a launched step and make its outcome. May run on another thread beside
-        `start` of the step after it (services/worker/service.py OutcomeSender)."""
         outcome = flight.outcome
         try:
             outputs = [] if flight.submitted is None else self.engine.collect(flight.submitted)

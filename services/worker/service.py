@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import threading
 import time
 
@@ -32,28 +31,18 @@ from tandem.internal.v1 import worker_pb2_grpc
 log = logging.getLogger(__name__)
 
 RESULT_RING_BYTES = 8 << 20
-# How often a thread blocked on the ring (or on room for another step) looks up to see whether
-# it should stop.
+# How often the ring thread looks up from an idle ring to see whether it should stop.
 _IDLE_CHECK_S = 0.5
-# Steps launched and not yet sent, at most: the one running and the one being launched. The
-# step after them waits, so that every token a placeholder of it may need is on the host.
-_IN_FLIGHT = 2
-
-
-def _send(runner: StepRunner, results: RingProducer, flight: InFlight) -> None:
-    outcome = runner.finish(flight)
-    outcome.sent_ns = time.monotonic_ns()
-    results.put(outcome.SerializeToString())
-    runner.telemetry.flush()  # while the scheduler plans the next step
+# How often, with a step running and no next one yet, it looks whether the step is done.
+_POLL_S = 100e-6
 
 
 class RingLoop(threading.Thread):
     def __init__(
         self, runner: StepRunner, lock: threading.Lock, step_ring: str, overlap: bool
     ) -> None:
-        """overlap: launch each step before the tokens of the one before it are read, which the
-        engine then feeds it on the device (Engine.submit), and send each outcome from another
-        thread (OutcomeSender) as soon as the device has run its step: the host's work for a
+        """overlap: launch each decode-only step before reading the tokens of the one before
+        it, which the engine then feeds it on the device (Engine.submit); the host's work for a
         step, and the scheduler's hop, hide behind the GPU's work on the step before."""
         super().__init__(name="step-ring", daemon=True)
         self.runner = runner
@@ -68,96 +57,63 @@ class RingLoop(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        sender = OutcomeSender(self.runner, self.results) if self.overlap else None
-        running: InFlight | None = None  # the step launched last
+        running: InFlight | None = None  # launched, its outcome not sent yet
         try:
-            if sender is not None:
-                sender.start()
             while not self.stopping.is_set():
-                try:
-                    record = self.steps.get(timeout=_IDLE_CHECK_S)
-                except TimeoutError:
+                record = self._next(running)
+                if record is None:
+                    if running is not None:  # it is done and no step came to follow it
+                        self._send(running)
+                        running = None
                     continue
                 received = time.monotonic_ns()
                 desc = hp.StepDescriptor.FromString(record)
-                if sender is None:
-                    with self.lock:
-                        flight = self.runner.start(desc)
-                    flight.outcome.received_ns = received
-                    _send(self.runner, self.results, flight)
-                    continue
-                if not sender.make_room(self.stopping):
-                    break
+                if running is not None and desc.num_prefill_tokens:
+                    # A step with prefill launches eagerly, hundreds of kernels, and its launch
+                    # can block on the device part-way (a full launch queue): the step before's
+                    # tokens would wait for all of it. Its own GPU time hides this host gap.
+                    self._send(running)
+                    running = None
                 with self.lock:
-                    flight = self.runner.start(desc, running)
+                    flight = self.runner.start(desc, running if self.overlap else None)
                 flight.outcome.received_ns = received
-                sender.put(flight)
+                if running is not None:
+                    self._send(running)
                 running = flight
+                if not self.overlap:
+                    self._send(running)
+                    running = None
         except PeerGone:
             log.info("scheduler closed the step ring; the worker waits to be attached again")
         except Exception:
             log.exception("the step ring loop failed")
         finally:
-            if sender is not None:
-                sender.close()
+            if running is not None and running.submitted is not None:
+                with self.lock:
+                    self.runner.engine.collect(running.submitted)  # nobody will read it
             self.steps.close()
             self.results.close()
+
+    def _next(self, running: InFlight | None) -> bytes | None:
+        """The next step's record; None after a pause with none, or (with a step running)
+        as soon as that step is done."""
+        while True:
+            try:
+                return self.steps.get(timeout=_IDLE_CHECK_S if running is None else _POLL_S)
+            except TimeoutError:
+                if running is None or running.done():
+                    return None
+
+    def _send(self, flight: InFlight) -> None:
+        with self.lock:
+            outcome = self.runner.finish(flight)
+        outcome.sent_ns = time.monotonic_ns()
+        self.results.put(outcome.SerializeToString())
+        self.runner.telemetry.flush()  # while the scheduler plans the next step
 
     def stop(self) -> None:
         self.stopping.set()
         self.join()
-
-
-class OutcomeSender(threading.Thread):
-    """Sends the outcomes of launched steps in order, each once the device has run its step,
-    while the ring loop launches the next. A step carrying prefill launches eagerly: hundreds of
-    kernels, tens of milliseconds of host time. Sent after that launch, the tokens of the step
-    before it would wait for all of it (the ITL tail: bench/RESULTS-gpu.md).
-
-    StepRunner.finish runs here without the servicer's lock, beside StepRunner.start on the
-    loop's thread: it reads only its own step's outputs (Engine.collect) and writes the tokens
-    of sequences that a later step takes from the device, not from the host."""
-
-    def __init__(self, runner: StepRunner, results: RingProducer) -> None:
-        super().__init__(name="step-outcomes", daemon=True)
-        self.runner = runner
-        self.results = results
-        self.queue: queue.SimpleQueue[InFlight | None] = queue.SimpleQueue()
-        self.room = threading.Semaphore(_IN_FLIGHT)
-        self.failed = threading.Event()
-
-    def make_room(self, stopping: threading.Event) -> bool:
-        """Wait until another step may be launched; False if it may not (this thread failed,
-        or the loop is stopping)."""
-        while not self.room.acquire(timeout=_IDLE_CHECK_S):
-            if self.failed.is_set() or stopping.is_set():
-                return False
-        return not self.failed.is_set()
-
-    def put(self, flight: InFlight) -> None:
-        self.queue.put(flight)
-
-    def run(self) -> None:
-        try:
-            while (flight := self.queue.get()) is not None:
-                _send(self.runner, self.results, flight)
-                self.room.release()
-        except PeerGone:
-            log.info("scheduler closed the result ring")
-        except Exception:
-            log.exception("sending a step's outcome failed")
-        finally:
-            self.failed.set()
-            self.room.release()  # wakes the loop, which then sees `failed`
-
-    def close(self) -> None:
-        """Send what was launched, then stop; what could not be sent is still waited for."""
-        self.queue.put(None)
-        self.join()
-        while not self.queue.empty():
-            flight = self.queue.get()
-            if flight is not None and flight.submitted is not None:
-                self.runner.engine.collect(flight.submitted)  # nobody will read it
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):

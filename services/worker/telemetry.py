@@ -9,7 +9,6 @@ step (the ring thread, or a gRPC Step call's worker thread), after the step's ou
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 from opentelemetry.context import Context
@@ -30,7 +29,6 @@ class WorkerTelemetry:
         self.metrics = metrics or WorkerMetrics("")
         self.links: dict[int, Link] = {}
         self.pending: list[_Step] = []
-        self._lock = threading.Lock()  # steps are recorded and flushed from two threads
         self._parent = ""
         self._parent_ctx: Context = _ROOT
 
@@ -48,19 +46,17 @@ class WorkerTelemetry:
         launch_s: float | None = None,
     ) -> None:
         """Note a step that ran; nothing is made until `flush`."""
-        with self._lock:
-            self.pending.append(_Step(desc, outcome, start_ns, duration_s, error, launch_s))
+        self.pending.append(_Step(desc, outcome, start_ns, duration_s, error, launch_s))
 
     def flush(self) -> None:
         """Make the spans and observations of the steps recorded since the last flush. Called
         once the step's outcome is on its way, so that the (per-link) span work overlaps the
         scheduler's planning of the next step instead of delaying its outcome."""
-        with self._lock:
-            pending, self.pending = self.pending, []
-            for step in pending:
-                self._observe(step)
-                if self.tracing_on:
-                    self._span(step)
+        pending, self.pending = self.pending, []
+        for step in pending:
+            self._observe(step)
+            if self.tracing_on:
+                self._span(step)
 
     def _observe(self, step: _Step) -> None:
         m, desc = self.metrics, step.desc

@@ -5,7 +5,6 @@ through the step ring's loop."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,10 +75,7 @@ def tokens(outcomes: list[hp.StepOutcome]) -> list[list[tuple[int, int]]]:
 
 
 def through_ring(
-    runner: StepRunner,
-    descs: list[hp.StepDescriptor],
-    overlap: bool,
-    on_outcome: Callable[[hp.StepOutcome], None] = lambda outcome: None,
+    runner: StepRunner, descs: list[hp.StepDescriptor], overlap: bool
 ) -> list[hp.StepOutcome]:
     """The outcomes of `descs` through a RingLoop, all queued before it starts (as an async
     scheduler's two plans in flight are, and more), so that each step finds the next one
@@ -91,11 +87,7 @@ def through_ring(
         steps.put(desc.SerializeToString())
     loop.start()
     try:
-        outcomes = []
-        for _ in descs:
-            outcomes.append(hp.StepOutcome.FromString(results.get(timeout=60)))
-            on_outcome(outcomes[-1])
-        return outcomes
+        return [hp.StepOutcome.FromString(results.get(timeout=60)) for _ in descs]
     finally:
         loop.stop()
         results.close()
@@ -152,26 +144,25 @@ def test_each_step_records_its_launch_time_within_its_duration(engine: Engine) -
     assert duration is not None and 0 < value("tandem_step_launch_seconds_sum") <= duration
 
 
-class _SlowLaunch(StepRunner):
-    """A StepRunner whose launch of step 4 lasts until step 3's outcome has left on the ring
-    (or 20 s), as a long eager launch of a step carrying prefill does on a GPU."""
+class _Recording(StepRunner):
+    """A StepRunner that notes the order in which steps are launched and finished."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine, Reader())
-        self.third_sent = threading.Event()
-        self.launched_after: dict[int, bool] = {}
-        self.third_sent_during_launch = False
+        self.order: list[str] = []
 
-    def start(self, desc: hp.StepDescriptor, after: InFlight | None = None) -> InFlight:
-        self.launched_after[desc.step_id] = after is not None
-        if desc.step_id == 4:
-            self.third_sent_during_launch = self.third_sent.wait(timeout=20)
-        return super().start(desc, after)
+    def start(self, desc: hp.StepDescriptor, after: object = None) -> InFlight:  # type: ignore[override]
+        self.order.append(f"start {desc.step_id}{' after' if after is not None else ''}")
+        return super().start(desc, after)  # type: ignore[arg-type]
+
+    def finish(self, flight: InFlight) -> hp.StepOutcome:
+        self.order.append(f"finish {flight.desc.step_id}")
+        return super().finish(flight)
 
 
-def test_an_outcome_never_waits_for_the_next_steps_launch(engine: Engine) -> None:
-    """Step 4 carries a new prompt, so its launch is long: step 3's tokens leave while it
-    lasts, and step 4 is still launched before step 3 is read (the overlap is kept)."""
+def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> None:
+    """Decode-only steps launch before the step before them is read; a step carrying prefill
+    launches after it is sent, so its long eager launch never holds those tokens."""
     steps_planned = plans()
     late = steps_planned[3]  # a fourth sequence's prompt joins the decodes of step 4
     prompt = list(range(100, 107))
@@ -186,15 +177,12 @@ def test_an_outcome_never_waits_for_the_next_steps_launch(engine: Engine) -> Non
     late.block_counts.append(2)
     late.blocks.extend([6, 7])
     late.num_prefill_tokens = len(prompt)
-    runner = _SlowLaunch(engine)
-
-    def seen(outcome: hp.StepOutcome) -> None:
-        if outcome.step_id == 3:
-            runner.third_sent.set()
-
-    outcomes = through_ring(runner, steps_planned, overlap=True, on_outcome=seen)
-    runner.reset()
+    steps_planned[0].num_prefill_tokens = 17
+    runner = _Recording(engine)
+    outcomes = through_ring(runner, steps_planned, overlap=True)
     assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
     assert 4 in outcomes[3].seq_ids
-    assert runner.third_sent_during_launch
-    assert runner.launched_after == {1: False, 2: True, 3: True, 4: True, 5: True, 6: True}
+    order = runner.order
+    assert order.index("finish 3") < order.index("start 4")  # prefill: the outcome first
+    assert "start 4 after" not in order
+    assert order.index("start 3 after") < order.index("finish 2")  # decodes: overlapped
