@@ -36,7 +36,7 @@ def tiles(m: int) -> list[tuple[int, ...]]:
 
 
 @triton.jit
-def _partial_products(
+def _products(
     x_ptr,
     w_ptr,
     out_ptr,
@@ -48,7 +48,8 @@ def _partial_products(
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    """out[s, m, n] = sum over this program's K range of x[m, k] * w[n, k] (fp32)."""
+    """out[s, m, n] = the sum over program s's K range of x[m, k] * w[n, k], in out's dtype:
+    the product itself with one range, fp32 partials to be summed with several."""
     pid_n, pid_m, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -64,25 +65,6 @@ def _partial_products(
         xs += BK
         ws += BK
     out = out_ptr + s * M * N + rm[:, None] * N + rn[None, :]
-    tl.store(out, acc, mask=rm[:, None] < M)
-
-
-@triton.jit
-def _direct(x_ptr, w_ptr, out_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    xs = x_ptr + rm[:, None] * K + rk[None, :]
-    ws = w_ptr + rn[:, None] * K + rk[None, :]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, K, BK):
-        x = tl.load(xs, mask=rm[:, None] < M, other=0.0)
-        w = tl.load(ws)
-        acc += tl.dot(x, tl.trans(w))
-        xs += BK
-        ws += BK
-    out = out_ptr + rm[:, None] * N + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rm[:, None] < M)
 
 
@@ -97,15 +79,12 @@ def triton_linear(
     m, k = x.shape
     n = w.shape[0]
     grid_m = triton.cdiv(m, bm)
-    if split == 1:
-        _direct[(n // bn, grid_m)](
-            x, w, out, m, n, k, bm, bn, bk, num_warps=warps, num_stages=stages
-        )
-        return
-    _partial_products[(n // bn, grid_m, split)](
-        x, w, partials, m, n, k, k // split, bm, bn, bk, num_warps=warps, num_stages=stages
+    target = out if split == 1 else partials
+    _products[(n // bn, grid_m, split)](
+        x, w, target, m, n, k, k // split, bm, bn, bk, num_warps=warps, num_stages=stages
     )
-    torch.sum(partials[:split], dim=0, out=out)  # fixed order: deterministic
+    if split > 1:
+        torch.sum(partials[:split], dim=0, out=out)  # fixed order: deterministic
 
 
 def measure(name: str, m: int, bandwidth: float, rate: float) -> list[dict[str, Any]]:
