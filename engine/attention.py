@@ -193,15 +193,22 @@ def _prefill(
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pool: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: (T, n_heads, hd); k, v: (T, n_kv, hd) of this step, already in the pool
-    (slots, 2, n_kv, hd) so that chunks and decodes see their own tokens. Returns (T, n_heads, hd).
+    (slots, 2, n_kv, hd) so that chunks and decodes see their own tokens. Returns (T, n_heads, hd),
+    in `out` if given.
     """
     group = meta.decodes
     if group is not None and not meta.prefills:
-        return group.attend(q, pool)  # the common step: decodes only, no scatter back
-    out = torch.empty_like(q)
+        heads = group.attend(q, pool)  # the common step: decodes only, no scatter back
+        return heads if out is None else out.copy_(heads)
+    out = torch.empty_like(q) if out is None else out
     for span in meta.prefills:
         rows = slice(span.q_start, span.q_end)
         if span.key_slots is None:  # a whole prompt: its keys are this step's

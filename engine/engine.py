@@ -23,6 +23,7 @@ from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache, pool_dtype
 from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.sampling import Sampler
 from engine.tensor_parallel import SINGLE, TensorParallel, rank_device
 from engine.upload import to_device
@@ -97,6 +98,9 @@ class Engine:
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
         self.decode_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
+        # Steps with prompts of up to a few hundred tokens, in graphs around attention (CUDA, one
+        # rank: a tensor-parallel rank's collectives are left to eager steps).
+        self.piecewise: PiecewiseGraphs | None = None
         # A one-sequence decode step replayed before it was asked for (cuda_graphs.replay_next);
         # `replay_ahead` False turns that off (benchmarks compare the two). Off on a
         # tensor-parallel rank: whether a replay matches the next step depends on the token
@@ -130,6 +134,8 @@ class Engine:
                 self.graphs = DecodeGraphs(
                     self.model, self.kv, num_kv_blocks, max_num_seqs, self.config.vocab_size
                 )
+                if not loaded.tp.sharded:
+                    self.piecewise = PiecewiseGraphs(self.model, self.kv, num_kv_blocks)
         elif cpu_kernels.usable(self.kv.pool) and self.config.head_dim in cpu_kernels.HEAD_DIMS:
             self.decode_kernel = cpu_kernels.PagedDecode(block_size)
         fits = NativeDecoder.fits(self.model, self.decode_kernel)
@@ -251,6 +257,8 @@ class Engine:
         token_ids = to_device(tokens, self.device)
         if fill is not None:
             token_ids.index_copy_(0, fill.at, fill.tokens)
+        if self.piecewise is not None and self.piecewise.bucket(len(tokens)) is not None:
+            return self.piecewise.run(token_ids, to_device(positions, self.device), meta)
         return run(token_ids, to_device(positions, self.device), meta, self.kv)
 
     @torch.inference_mode()

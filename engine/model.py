@@ -43,6 +43,33 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.dim, config.q_dim + 2 * config.kv_dim, bias=False)
         self.wo = nn.Linear(config.q_dim, config.dim, bias=False)
 
+    def project(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """Q, K and V of x, (T, n_heads + 2 n_kv, hd): RoPE on Q and K, and K and V stored in the
+        pool at `slots`."""
+        t, hd, h, kv = x.shape[0], self.head_dim, self.n_heads, self.n_kv_heads
+        qkv = self.wqkv(x).view(t, h + 2 * kv, hd)
+        ops.rope_and_store(qkv, cos, sin, kv_pool, slots, h, kv)
+        return qkv
+
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        kv_pool: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of `project`'s rows, (T, n_heads, hd) (into `out` if given)."""
+        h, kv = self.n_heads, self.n_kv_heads
+        q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]  # (T, heads, hd) each
+        return paged_attention(q, k, v, kv_pool, meta, out)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -51,13 +78,9 @@ class Attention(nn.Module):
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        t, hd, h, kv = x.shape[0], self.head_dim, self.n_heads, self.n_kv_heads
-        qkv = self.wqkv(x).view(t, h + 2 * kv, hd)  # (T, n_heads + 2 n_kv, hd)
-        # RoPE on Q and K in place, and this step's K and V into the pool.
-        ops.rope_and_store(qkv, cos, sin, kv_pool, meta.slot_mapping, h, kv)
-        q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]  # (T, heads, hd) each
-        out = paged_attention(q, k, v, kv_pool, meta)  # (T, n_heads, hd)
-        return self.wo(out.reshape(t, h * hd))
+        qkv = self.project(x, cos, sin, kv_pool, meta.slot_mapping)
+        out = self.attend(qkv, kv_pool, meta)
+        return self.wo(out.reshape(x.shape[0], -1))
 
 
 class FeedForward(nn.Module):
@@ -89,8 +112,28 @@ class TransformerBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous sublayer's output; residual: the stream before it (None at the first
         layer). Returns this block's MLP output and the stream before it."""
+        qkv, residual = self.begin(x, residual, cos, sin, kv_pool, meta.slot_mapping)
+        return self.finish(self.attention.attend(qkv, kv_pool, meta), residual)
+
+    def begin(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block up to attention: (Q/K/V with K and V stored, the stream)."""
         h, residual = self.attention_norm(x, residual)
-        x = self.attention(h, cos, sin, kv_pool, meta)
+        return self.attention.project(h, cos, sin, kv_pool, slots), residual
+
+    def finish(
+        self, heads: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block from attention's output (T, n_heads, hd) on: (the MLP's output, the stream
+        before it)."""
+        x = self.attention.wo(heads.reshape(heads.shape[0], -1))
         h, residual = self.ffn_norm(x, residual)
         return self.feed_forward(h), residual
 
