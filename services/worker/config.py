@@ -55,7 +55,9 @@ class EngineSettings:
         1024, "KV cache memory in MiB (0 on CUDA: what the weights leave of --gpu-memory-fraction)"
     )
     block_size: int = flag(16, "tokens per KV block")
-    enforce_eager: bool = flag(False, "no CUDA graphs for decodes")
+    enforce_eager: bool = flag(
+        False, "no CUDA graphs (decode steps, and steps with prompts in pieces)"
+    )
     threads: int = flag(
         0,
         "CPU threads for batched steps and prefills (0: all cores; small decode steps leave "
