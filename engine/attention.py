@@ -49,10 +49,8 @@ class DecodeGroup(Protocol):
 
     rows: torch.Tensor  # (B,)
 
-    def attend(
-        self, q: torch.Tensor, pool: torch.Tensor, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """q: (B, n_heads, hd), one query per sequence → (B, n_heads, hd), in `out` if given."""
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+        """q: (B, n_heads, hd), one query per sequence → (B, n_heads, hd)."""
         ...
 
 
@@ -64,9 +62,7 @@ class GatherDecode:
     key_slots: torch.Tensor  # (B, max_ctx) pool slots of each sequence's keys, padded
     mask: torch.Tensor  # (B, 1, 1, max_ctx) bool: True where a key is real
 
-    def attend(
-        self, q: torch.Tensor, pool: torch.Tensor, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
         b, max_ctx = self.key_slots.shape
         gathered = pool.index_select(0, self.key_slots.reshape(-1)).to(q.dtype)
         # gathered: (B * ctx, 2, n_kv, hd)
@@ -75,7 +71,7 @@ class GatherDecode:
         o = F.scaled_dot_product_attention(
             q[:, :, None, :], gathered[0], gathered[1], attn_mask=self.mask, enable_gqa=True
         )  # (B, n_heads, 1, hd)
-        return o[:, :, 0, :] if out is None else out.copy_(o[:, :, 0, :])
+        return o[:, :, 0, :]
 
 
 @dataclass
@@ -85,13 +81,10 @@ class KernelDecode:
     rows: torch.Tensor  # (B,)
     tables: torch.Tensor  # (B, max_blocks) int64 block ids
     context_lens: torch.Tensor  # (B,) int64
-    # (q, pool, tables, context_lens, out or None) → the heads, in out if given
-    kernel: Callable[..., torch.Tensor]
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-    def attend(
-        self, q: torch.Tensor, pool: torch.Tensor, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return self.kernel(q, pool, self.tables, self.context_lens, out)
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+        return self.kernel(q, pool, self.tables, self.context_lens)
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
@@ -102,9 +95,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) int64 pool slot of each new token
     prefills: list[PrefillSpan]
     decodes: DecodeGroup | None
-    # The decodes' query rows when they lie side by side (the scheduler puts decodes first):
-    # attention reads and writes them in place instead of gathering and scattering them.
-    decode_span: slice | None = None
 
 
 def build_metadata(
@@ -139,7 +129,6 @@ def build_metadata(
             prefills.append(PrefillSpan(row, row + length, start, context_slots))
         row += length
     decodes: DecodeGroup | None = None
-    decode_span: slice | None = None
     if decode_idx:
         n = len(decode_idx)
         ctx_lens = np.fromiter((starts[i] + 1 for i in decode_idx), np.int64, n)
@@ -151,10 +140,7 @@ def build_metadata(
         new_slots = tables[np.arange(n), new_pos // block_size] * block_size + new_pos % block_size
         for j, i in enumerate(decode_idx):
             slot_parts[i] = new_slots[j : j + 1]
-        decode_rows = [row_of[i] for i in decode_idx]
-        if decode_rows == list(range(decode_rows[0], decode_rows[0] + n)):
-            decode_span = slice(decode_rows[0], decode_rows[0] + n)
-        rows = to_device(decode_rows, device)
+        rows = to_device([row_of[i] for i in decode_idx], device)
         if decode_kernel is not None:
             # The kernel walks the block tables itself: no per-key slots to build.
             decodes = KernelDecode(
@@ -173,7 +159,7 @@ def build_metadata(
                 to_device(valid, device)[:, None, None, :],
             )
     slot_mapping = to_device(np.concatenate(slot_parts), device)
-    return AttentionMetadata(slot_mapping, prefills, decodes, decode_span)
+    return AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decodes=decodes)
 
 
 # cuDNN's attention builds an execution plan on the host for each new shape of queries and keys,
@@ -220,7 +206,8 @@ def paged_attention(
     """
     group = meta.decodes
     if group is not None and not meta.prefills:
-        return group.attend(q, pool, out)  # the common step: decodes only, no scatter back
+        heads = group.attend(q, pool)  # the common step: decodes only, no scatter back
+        return heads if out is None else out.copy_(heads)
     out = torch.empty_like(q) if out is None else out
     for span in meta.prefills:
         rows = slice(span.q_start, span.q_end)
@@ -237,9 +224,6 @@ def paged_attention(
                 continue
         qs, keys, values = (t.transpose(0, 1) for t in (q[rows], keys, values))  # heads first
         out[rows] = _prefill(qs, keys, values, span.mask()).transpose(0, 1)
-    side_by_side = meta.decode_span
-    if group is not None and side_by_side is not None:
-        group.attend(q[side_by_side], pool, out[side_by_side])
-    elif group is not None:
+    if group is not None:
         out.index_copy_(0, group.rows, group.attend(q.index_select(0, group.rows), pool))
     return out

@@ -112,16 +112,9 @@ class PagedDecode:
         self.block_size = block_size
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        pool: torch.Tensor,
-        tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor
     ) -> torch.Tensor:
-        """q: (B, n_heads, hd), a view into the step's QKV rows → (B, n_heads, hd), in `out` if
-        given."""
-        heads = torch.ops.tandem.paged_decode(
+        """q: (B, n_heads, hd), a view into the step's QKV rows → (B, n_heads, hd)."""
+        return torch.ops.tandem.paged_decode(
             q.contiguous(), pool, tables, context_lens, self.block_size
         )
-        return heads if out is None else out.copy_(heads)

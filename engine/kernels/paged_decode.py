@@ -178,16 +178,10 @@ class PagedDecode:
         return -(-self.max_context // (self.block_size * self.part_blocks(batch)))
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        pool: torch.Tensor,
-        tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor
     ) -> torch.Tensor:
         """q: (B, n_heads, hd); pool: (slots, 2, n_kv, hd); tables: (B, max_blocks) block ids;
-        context_lens: (B,), each >= 1 (any strides). Returns (B, n_heads, hd) in q's dtype, in
-        `out` (whose last dimension is contiguous) if given."""
+        context_lens: (B,), each >= 1 (any strides). Returns (B, n_heads, hd) in q's dtype."""
         b, n_heads, hd = q.shape
         parts = self.partitions(b)
         part_blocks, tiling = self.part_blocks(b), self.tiling(b)
@@ -195,7 +189,7 @@ class PagedDecode:
         acc = self.acc[: b * n_heads * parts * hd].view(b, n_heads, parts, hd)
         maxes = self.m[: b * n_heads * parts].view(b, n_heads, parts)
         sums = self.l[: b * n_heads * parts].view(b, n_heads, parts)
-        out = torch.empty_like(q) if out is None else out
+        out = torch.empty_like(q)
         _partial[(b, self.n_kv, parts)](
             q, pool, tables, context_lens, acc, maxes, sums, out, hd**-0.5,
             q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),

@@ -87,37 +87,3 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny_engine: Engine) -
     batch = [others[0], SeqInput("x", prompt, 0, [0, 1, 2, 3], seeded), *others[1:]]
     together = {o.seq_id: o.token_id for o in tiny_engine.step(batch)}
     assert together["x"] == alone
-
-
-def test_decodes_side_by_side_or_between_prompts_attend_alike(tiny_engine: Engine) -> None:
-    """Decode rows side by side are attended in place (the step's `decode_span`); between
-    prompts they are gathered and scattered back. Each sequence's rows come out the same."""
-    from engine.attention import build_metadata
-
-    vocab = tiny_engine.config.vocab_size
-    gen = torch.Generator().manual_seed(5)
-    a, b, c = (torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (5, 6, 4))
-    tables = {"a": [60, 61], "b": [62, 63], "c": [64, 65]}
-    tiny_engine.step([SeqInput("a", a, 0, tables["a"]), SeqInput("c", c, 0, tables["c"])])
-    rows = {
-        "a": SeqInput("a", [3], 5, tables["a"]),
-        "b": SeqInput("b", b, 0, tables["b"]),
-        "c": SeqInput("c", [4], 4, tables["c"]),
-    }
-    hidden = {}
-    for order, span in (("abc", None), ("acb", slice(0, 2))):
-        batch = [rows[name] for name in order]
-        meta = build_metadata(
-            [s.start_pos for s in batch],
-            [len(s.token_ids) for s in batch],
-            [s.block_table for s in batch],
-            tiny_engine.block_size,
-            tiny_engine.device,
-            tiny_engine.decode_kernel,
-        )
-        assert meta.decode_span == span
-        out = tiny_engine.forward(batch)
-        ends = torch.tensor([len(s.token_ids) for s in batch]).cumsum(0).tolist()
-        hidden[order] = {s.seq_id: out[end - len(s.token_ids) : end] for s, end in zip(batch, ends)}
-    for name in "abc":
-        torch.testing.assert_close(hidden["abc"][name], hidden["acb"][name])
