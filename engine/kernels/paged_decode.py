@@ -1,6 +1,6 @@
 """Decode attention straight from the paged KV pool (Triton), split over the context.
 
-One query token per sequence. Program (b, h, s) takes sequence b, KV head h (and the GQA group
+One query token per sequence. Program (h, b, s) takes sequence b, KV head h (and the GQA group
 of query heads that share it), and the s-th partition of the context: PART_BLOCKS blocks read
 through the block table, TILE tokens (TILE / BLOCK blocks, each token's row found through its
 block's id) a loop iteration. Each partition leaves an unnormalised partial result with its
@@ -30,8 +30,10 @@ def _partial(
     BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr,
     KV_FP8: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    # KV heads vary fastest in launch order: the programs of one sequence run side by side and
+    # read its tokens' K/V rows together (1-2% faster at 256 sequences, bench/RESULTS-gpu.md).
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b * stride_cb)
     g = tl.arange(0, GROUP_PAD)
@@ -190,7 +192,7 @@ class PagedDecode:
         maxes = self.m[: b * n_heads * parts].view(b, n_heads, parts)
         sums = self.l[: b * n_heads * parts].view(b, n_heads, parts)
         out = torch.empty_like(q)
-        _partial[(b, self.n_kv, parts)](
+        _partial[(self.n_kv, b, parts)](
             q, pool, tables, context_lens, acc, maxes, sums, out, hd**-0.5,
             q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
             tables.stride(0), context_lens.stride(0),
