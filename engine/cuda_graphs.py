@@ -26,6 +26,7 @@ import torch
 from engine.attention import AttentionMetadata, KernelDecode
 from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.errors import InvalidRequest
+from engine.graph_blas import products_for_rows
 from engine.kernels.greedy import GreedyPicks
 from engine.kernels.paged_decode import PagedDecode
 from engine.kv_cache import KVCache
@@ -128,13 +129,14 @@ class DecodeGraphs:
     def _capture(self, size: int, pool: Any) -> tuple[torch.cuda.CUDAGraph, GraphOutputs]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compile Triton kernels and settle allocations before capture
-                self._forward(size)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            outputs = self._forward(size)
+        with products_for_rows(size, self.rows.device):
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compile Triton kernels and settle allocations first
+                    self._forward(size)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                outputs = self._forward(size)
         return graph, outputs
 
     def _fill_padding(self, turn: int, start: int, end: int) -> None:

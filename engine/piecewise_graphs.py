@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.graph_blas import products_for_rows
 from engine.kv_cache import KVCache
 from engine.model import Transformer
 
@@ -64,7 +65,11 @@ class PiecewiseGraphs:
             pieces: list[Callable[[], Any]] = [
                 functools.partial(self._piece, size, i) for i in range(config.n_layers + 1)
             ]
-            self.pieces[size] = [self._capture(p, pool) for p in pieces] if capture else pieces
+            if not capture:
+                self.pieces[size] = pieces
+                continue
+            with products_for_rows(size, device):
+                self.pieces[size] = [self._capture(p, pool) for p in pieces]
 
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
