@@ -176,8 +176,8 @@ def test_cuda_graph_replay_equals_eager(default_model: Path) -> None:
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
-def test_graphs_of_few_rows_capture_cublaslt_products_and_restore_the_default() -> None:
-    from engine.graph_blas import LT_MAX_ROWS, products_for_rows
+def test_graphs_of_32_to_128_rows_capture_cublaslt_products_then_restore_the_default() -> None:
+    from engine.graph_blas import LT_ROWS, products_for_rows
 
     default = torch.backends.cuda.preferred_blas_library()
     x = torch.randn(64, 512, device=CUDA, dtype=torch.bfloat16)
@@ -186,8 +186,9 @@ def test_graphs_of_few_rows_capture_cublaslt_products_and_restore_the_default() 
         assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
         lt = torch.nn.functional.linear(x, w)
     assert torch.backends.cuda.preferred_blas_library() == default
-    with products_for_rows(LT_MAX_ROWS + 1, CUDA):
-        assert torch.backends.cuda.preferred_blas_library() == default
+    for rows in (LT_ROWS.start - 1, LT_ROWS.stop):
+        with products_for_rows(rows, CUDA):
+            assert torch.backends.cuda.preferred_blas_library() == default
     assert rel(lt, x.float() @ w.float().t()) < 1e-2
 
 
