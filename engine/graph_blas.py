@@ -1,9 +1,9 @@
 """Which of cuBLAS's front ends a CUDA graph's products are captured with, by the rows it carries.
 
 A graph keeps the kernels chosen when it was captured, so the choice costs nothing at replay.
-On an H200, at LLaMA-3-8B shapes, cuBLASLt's heuristics pick faster kernels for products of 32 to 128 rows
-(decode steps of 64 sequences 5% faster) and slower ones below 24 rows and at 160
-(bench/RESULTS-gpu.md). Eager steps and other graphs keep torch's default.
+On an H200, at LLaMA-3-8B shapes, cuBLASLt's heuristics pick faster kernels for products of
+32 to 128 rows (decode steps of 64 sequences 4-5% faster) and slower ones below 24 rows and at
+160 (bench/RESULTS-gpu.md). Eager steps and other graphs keep torch's default.
 """
 
 from __future__ import annotations
