@@ -1,5 +1,6 @@
 """Paged decode attention (engine/kernels/paged_decode.py) over partition lengths and tilings:
-GB/s of K/V read, against a device-to-device copy, at the batch sizes and contexts of serving.
+GB/s of K/V read, against a device-to-device copy, at the batch sizes and contexts of serving,
+for a bf16 and an fp8 (e4m3) KV pool.
 
     python -m bench.attention_tiles [--json PATH]
 
@@ -27,7 +28,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 from engine.kernels.paged_decode import PagedDecode, Tiling
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT = 32, 8, 128, 16, 8192
-CASES = [(256, 640), (64, 640), (8, 640), (16, 4096)]
+CASES = [(256, 640), (128, 640), (64, 640), (32, 640), (8, 640), (16, 4096)]
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
 def main() -> None:
@@ -39,6 +41,7 @@ def main() -> None:
     cuda = torch.device("cuda")
     slots = sum(n * (-(-ctx // BLOCK)) for n, ctx in CASES) * BLOCK
     pool = torch.randn(slots, 2, KV_HEADS, HEAD_DIM, device=cuda, dtype=torch.bfloat16)
+    pools = {name: pool.to(dtype) for name, dtype in KV_DTYPES.items()}
     src = torch.empty(1 << 30, dtype=torch.uint8, device=cuda)
     dst = torch.empty_like(src)
     copy = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") / 1e3)
@@ -55,11 +58,11 @@ def main() -> None:
         inputs[(n, ctx)] = (q, tables, lens)
     variants: list[tuple[int | None, Tiling | None]] = [(None, None)]  # the defaults
     for pb, (tile, warps), stages in itertools.product(
-        (8, 16, 32, 64), ((16, 4), (32, 4), (64, 4), (64, 8)), (2, 3, 4, 6)
+        (8, 16, 64), ((32, 2), (64, 2), (64, 4), (128, 2), (128, 4), (128, 8)), (2, 3, 4)
     ):
         variants.append((pb, Tiling(tile, warps, True, stages)))
     results = []
-    for pb, tiling in variants:
+    for (kv, pool), (pb, tiling) in itertools.product(pools.items(), variants):
         kernel = PagedDecode(256, HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT, cuda, pb, tiling)
         for (n, ctx), (q, tables, lens) in inputs.items():
             if pb is not None and (n * KV_HEADS * (-(-ctx // (pb * BLOCK)))) < 32:
@@ -67,9 +70,10 @@ def main() -> None:
             call = functools.partial(kernel, q, pool, tables, lens)
             call()  # compile outside the graph
             ms = do_bench_cudagraph(call, rep=40, return_mode="median")
-            gbs = n * ctx * 2 * KV_HEADS * HEAD_DIM * 2 / (ms / 1e3) / 1e9
+            gbs = n * ctx * 2 * KV_HEADS * HEAD_DIM * pool.element_size() / (ms / 1e3) / 1e9
             results.append(
                 {
+                    "kv": kv,
                     "batch": n,
                     "context": ctx,
                     "part_blocks": kernel.part_blocks(n),
@@ -80,10 +84,10 @@ def main() -> None:
                     "of_copy": gbs * 1e9 / copy,
                 }
             )
-    for n, ctx in CASES:
-        case = [r for r in results if r["batch"] == n and r["context"] == ctx]
+    for kv, (n, ctx) in itertools.product(KV_DTYPES, CASES):
+        case = [r for r in results if (r["kv"], r["batch"], r["context"]) == (kv, n, ctx)]
         default = next(r for r in case if r["default"])
-        print(f"\nbatch {n}, context {ctx}: default {default['us']:.1f} us, "
+        print(f"\n{kv} KV, batch {n}, context {ctx}: default {default['us']:.1f} us, "
               f"{default['gb_s']:.0f} GB/s ({default['of_copy']:.0%} of copy)")  # fmt: skip
         for r in sorted(case, key=lambda r: r["us"])[:6]:
             t = r["tiling"]

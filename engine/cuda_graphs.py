@@ -86,6 +86,7 @@ class DecodeGraphs:
             self.block_size,
             config.max_seq_len,
             device,
+            kv_dtype=kv.pool.dtype,
         )
         # The batch-1 bucket through fused kernels where the model's weights allow.
         self.row = RowDecoder.for_model(model, kv)

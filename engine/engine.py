@@ -129,6 +129,7 @@ class Engine:
                 block_size,
                 local.max_seq_len,
                 self.device,
+                kv_dtype=self.kv.pool.dtype,
             )
             if cuda_graphs:
                 self.graphs = DecodeGraphs(

@@ -537,7 +537,7 @@ def test_an_fp8_pool_is_stored_and_read_as_its_bf16_values_rounded() -> None:
     """The fused RoPE-and-store writes K and V into an fp8 pool saturating; the paged decode
     kernel reading it equals attention over the same fp8 values widened."""
     from engine.kernels import fused
-    from engine.kernels.paged_decode import PagedDecode
+    from engine.kernels.paged_decode import PagedDecode, Tiling
     from engine.kv_cache import to_kv
 
     torch.manual_seed(0)
@@ -557,15 +557,26 @@ def test_an_fp8_pool_is_stored_and_read_as_its_bf16_values_rounded() -> None:
     ctx = torch.tensor([1, 17, 300, 1000], device=CUDA)
     tables = torch.arange(4 * 64, device=CUDA).remainder(blocks).view(4, 64)
     q = torch.randn(4, heads, hd, device=CUDA, dtype=torch.bfloat16)
-    out = PagedDecode(4, heads, kv_heads, hd, bs, 1024, CUDA)(q, pool, tables, ctx)
-    for i in range(4):
-        c = int(ctx[i])
-        pos = torch.arange(c, device=CUDA)
-        slots = tables[i][pos // bs] * bs + pos % bs
-        k = pool[slots, 0].float().repeat_interleave(heads // kv_heads, 1)
-        v = pool[slots, 1].float().repeat_interleave(heads // kv_heads, 1)
-        scores = torch.einsum("hd,chd->hc", q[i].float(), k) / math.sqrt(hd)
-        assert rel(out[i], torch.einsum("hc,chd->hd", scores.softmax(-1), v)) < 2e-2
+    # The bf16 pool's tiling, the fp8 pool's for 4 sequences (four warps), and for many (two).
+    kernels = [
+        PagedDecode(4, heads, kv_heads, hd, bs, 1024, CUDA),
+        PagedDecode(4, heads, kv_heads, hd, bs, 1024, CUDA, kv_dtype=fp8),
+        PagedDecode(4, heads, kv_heads, hd, bs, 1024, CUDA, 64, Tiling(128, 2, True, 2)),
+    ]
+    assert kernels[1].tiling(4) == Tiling(128, 4, True, 2)
+    assert PagedDecode(64, heads, kv_heads, hd, bs, 1024, CUDA, kv_dtype=fp8).tiling(64) == (
+        Tiling(128, 2, True, 2)
+    )
+    for kernel in kernels:
+        out = kernel(q, pool, tables, ctx)
+        for i in range(4):
+            c = int(ctx[i])
+            pos = torch.arange(c, device=CUDA)
+            slots = tables[i][pos // bs] * bs + pos % bs
+            k = pool[slots, 0].float().repeat_interleave(heads // kv_heads, 1)
+            v = pool[slots, 1].float().repeat_interleave(heads // kv_heads, 1)
+            scores = torch.einsum("hd,chd->hc", q[i].float(), k) / math.sqrt(hd)
+            assert rel(out[i], torch.einsum("hc,chd->hd", scores.softmax(-1), v)) < 2e-2
 
 
 def test_fp8_graphs_equal_eager_and_stay_close_to_bf16(default_model: Path) -> None:
