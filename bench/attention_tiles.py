@@ -63,7 +63,9 @@ def main() -> None:
         variants.append((pb, Tiling(tile, warps, True, stages)))
     results = []
     for (kv, pool), (pb, tiling) in itertools.product(pools.items(), variants):
-        kernel = PagedDecode(256, HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT, cuda, pb, tiling)
+        kernel = PagedDecode(
+            256, HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT, cuda, pb, tiling, pool.dtype
+        )
         for (n, ctx), (q, tables, lens) in inputs.items():
             if pb is not None and (n * KV_HEADS * (-(-ctx // (pb * BLOCK)))) < 32:
                 continue  # too few programs to be a candidate
