@@ -1,7 +1,7 @@
-"""What the GPU benchmarks measure with, in one place: the device's ceilings (a copy's bandwidth,
-a matmul's rate), an engine's weight bytes, and batch-1 decode through the engine and through its
-captured graph alone. Imports engine code only, so a benchmark built on it runs on a GPU image
-without the services' packages (bench/gpu_70b.py)."""
+"""What the GPU benchmarks measure with, in one place: the device's ceilings (a copy's bandwidth, a
+matmul's rate, in a burst and held), an engine's weight bytes, and batch-1 decode through the
+engine and through its captured graph alone. Imports engine code only, so a benchmark built on it
+runs on a GPU image without the services' packages (bench/gpu_70b.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,20 @@ def matmul_rate() -> float:
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     seconds = timed(lambda: a @ b)
     return 2 * 8192**3 / seconds
+
+
+def sustained_matmul_rate(seconds: float = 8.0) -> float:
+    """The same product's rate held for `seconds`: the median of windows of 50 products.
+    `matmul_rate` times 14 ms at the boost clock; longer than that, an H200's tensor cores draw
+    its 700 W power limit and the clock falls (RESULTS-gpu.md, session 37). A workload of
+    seconds gets this rate, not the burst's."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    rates = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or not rates:
+        rates.append(2 * 8192**3 / timed(lambda: a @ b, 50))
+    return sorted(rates)[len(rates) // 2]
 
 
 def fp8_matmul_rate() -> float:

@@ -61,3 +61,25 @@ def test_the_workload_floor_adds_prefill_flops_and_decode_bytes(engine: Engine) 
     ) / bandwidth
     floor = workload_floor(c, (per_token, head), read, [10], 3, flops, bandwidth)
     assert floor == pytest.approx(expected)
+
+
+def test_a_row_shows_its_ratio_to_the_burst_floor_and_the_sustained_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import gpu
+
+    before = len(gpu.ROWS)
+    try:
+        gpu.row("TTFT", "engine", 50.0, "ms", 40.0, 45.0)
+        gpu.row("workload", "engine", 80.0, "tok/s", 100.0, 90.0)
+        gpu.row("decode", "engine", 80.0, "tok/s", 100.0)
+        ttft, workload, decode = gpu.ROWS[before:]
+    finally:
+        del gpu.ROWS[before:]
+    assert (ttft["ratio"], ttft["sustained_ratio"]) == (1.25, pytest.approx(50 / 45))
+    assert workload["sustained_ratio"] == pytest.approx(80 / 90)
+    assert "sustained_ratio" not in decode  # no prefill FLOPs in its floor
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].endswith("1.25x floor (sustained: 1.11x)")
+    assert printed[1].endswith("80.0% (sustained: 88.9%)")
+    assert printed[2].endswith("80.0%")
