@@ -5,6 +5,7 @@ runs on a GPU image without the services' packages (bench/gpu_70b.py)."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -41,18 +42,22 @@ def matmul_rate() -> float:
     return 2 * 8192**3 / seconds
 
 
-def sustained_matmul_rate(seconds: float = 8.0) -> float:
-    """The same product's rate held for `seconds`: the median of windows of 50 products.
-    `matmul_rate` times 14 ms at the boost clock; longer than that, an H200's tensor cores draw
-    its 700 W power limit and the clock falls (RESULTS-gpu.md, session 37). A workload of
-    seconds gets this rate, not the burst's."""
+def held_matmul_rates(seconds: float) -> list[float]:
+    """FLOP/s of windows of 50 back-to-back 8192³ bf16 products, for `seconds`."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     rates = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or not rates:
         rates.append(2 * 8192**3 / timed(lambda: a @ b, 50))
-    return sorted(rates)[len(rates) // 2]
+    return rates
+
+
+def sustained_matmul_rate(seconds: float = 8.0) -> float:
+    """The same product's rate held for `seconds` (the median window). `matmul_rate` times 14 ms
+    at the boost clock; held longer, an H200's tensor cores reach its 700 W power limit and the
+    clock falls (bench/power_limit.py). A workload of seconds gets this rate, not the burst's."""
+    return statistics.median(held_matmul_rates(seconds))
 
 
 def fp8_matmul_rate() -> float:

@@ -1,0 +1,134 @@
+"""Does the GPU hold the matmul rate the floors use? The SM clock, power and clock-event reasons
+(`nvidia-smi`, sampled every 50 ms) while it runs: the 14 ms burst of 8192³ products that
+bench.gpu calls the matmul rate, the same product held for 8 s, and the TTFT of a 2,048-token
+prompt (random weights of the LLaMA-3-8B shapes) one second apart and back to back.
+
+    python -m bench.power_limit [--json PATH] [--seconds 8]
+
+Prints a table of each phase and writes the samples and timings as JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    sys.exit("run this benchmark as a module: python -m bench.power_limit")
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.gpu import ttft
+from bench.gpu_measure import held_matmul_rates, matmul_rate
+from engine import registry
+from engine.engine import Engine
+
+FIELDS = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
+# Bits of clocks_event_reasons.active (nvml's nvmlClocksEventReason*).
+REASONS = {0x1: "idle", 0x4: "power cap", 0x8: "HW slowdown", 0x20: "thermal (SW)",
+           0x40: "thermal (HW)", 0x80: "power brake"}  # fmt: skip
+
+
+def parse_samples(lines: list[str]) -> list[tuple[float, float, float, int]]:
+    """(epoch seconds, SM MHz, watts, reason bits) of each well-formed CSV line of nvidia-smi."""
+    samples = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            samples.append((when, float(parts[1]), float(parts[2]), int(parts[3], 16)))
+        except (ValueError, IndexError):
+            continue  # a header, "[N/A]" or a line cut off when the sampler stopped
+    return samples
+
+
+def summarize(samples: list[tuple[float, float, float, int]], start: float, end: float) -> str:
+    inside = [s for s in samples if start <= s[0] < end]
+    if not inside:
+        return "no samples"
+    bits = 0
+    for s in inside:
+        bits |= s[3]
+    reasons = ", ".join(name for bit, name in REASONS.items() if bits & bit) or "none"
+    clock = statistics.median(s[1] for s in inside)
+    watts = statistics.median(s[2] for s in inside)
+    return f"SM {clock:5.0f} MHz, {watts:4.0f} W; reasons: {reasons}"
+
+
+@contextmanager
+def sampling(path: Path) -> Iterator[None]:
+    with path.open("w") as out:
+        cmd = ["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"]
+        sampler = subprocess.Popen(cmd, stdout=out)
+        try:
+            time.sleep(0.5)
+            yield
+        finally:
+            sampler.terminate()
+            sampler.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "power_limit.json"
+    )
+    parser.add_argument("--seconds", type=float, default=8.0, help="how long the rate is held")
+    args = parser.parse_args()
+    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    log = args.json.with_suffix(".csv")
+    phases: list[tuple[str, float, float, str]] = []
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name()}
+    with sampling(log):
+        start = time.time()
+        result["burst_tflops"] = [matmul_rate() / 1e12 for _ in range(3)]
+        phases.append(("8192³ burst (bench.gpu's rate)", start, time.time(), "TFLOP/s"))
+        time.sleep(2.0)
+        start = time.time()
+        result["held_tflops"] = [r / 1e12 for r in held_matmul_rates(args.seconds)]
+        phases.append((f"8192³ held {args.seconds:.0f} s", start, time.time(), "TFLOP/s"))
+        engine = Engine.from_path(
+            registry.resolve("llama3-8b-random", home),
+            "cuda",
+            "bfloat16",
+            kv_cache_bytes=8 << 30,
+            progress=False,
+        )
+        time.sleep(2.0)
+        for key, label, rest, repeats in (
+            ("ttft_idle_ms", "TTFT 2,048, 1 s apart", 1.0, 6),
+            ("ttft_back_to_back_ms", "TTFT 2,048, back to back", 0.0, 60),
+        ):
+            start = time.time()
+            result[key] = [t * 1000 for t in ttft(engine, 2048, repeats, rest)]
+            phases.append((label, start, time.time(), "ms"))
+    samples = parse_samples(log.read_text().splitlines())
+    values = [result["burst_tflops"], result["held_tflops"]]
+    values += [result["ttft_idle_ms"], result["ttft_back_to_back_ms"]]
+    print(f"{result['device']}; nvidia-smi every 50 ms (its power is an average: it lags bursts)")
+    print(f"{'phase':<32} {'median':>8} {'unit':<8} clock and power")
+    result["phases"] = []
+    for (label, start, end, unit), v in zip(phases, values, strict=True):
+        shown = summarize(samples, start, end)
+        print(f"{label:<32} {statistics.median(v):8.1f} {unit:<8} {shown}")
+        result["phases"].append({"phase": label, "median": statistics.median(v), "unit": unit,
+                                 "start": start, "end": end, "clock_and_power": shown})  # fmt: skip
+    result["samples"] = samples
+    args.json.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
