@@ -4,8 +4,9 @@ One query token per sequence. Program (h, b, s) takes sequence b, KV head h (and
 of query heads that share it), and the s-th partition of the context: PART_BLOCKS blocks read
 through the block table, TILE tokens (TILE / BLOCK blocks, each token's row found through its
 block's id) a loop iteration. Each partition leaves an unnormalised partial result with its
-running max and sum (flash-decoding); a second kernel merges the partitions. A context that
-fits in one partition is written out by that partition itself, and the merge passes it by.
+running max and sum (flash-decoding), and the last of a sequence's partitions to finish merges
+them (engine/kernels/merge.py), in the same launch. A context that fits in one partition is
+written out by that partition itself.
 Shapes are fixed by the batch size alone, not by the contexts, so the launches can be captured
 in a CUDA graph: partitions past a sequence's end return at once.
 """
@@ -18,17 +19,19 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.merge import merge_when_last
+
 
 # Strides that differ between eager steps and graphs, or from step to step (the block tables'
 # width), are plain arguments: one compiled kernel serves them all.
 @triton.jit(do_not_specialize=["stride_tb", "stride_cb"])
 def _partial(
-    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, out_ptr, scale,
-    stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb,
-    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, counter_ptr, out_ptr, scale,
+    stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb, stride_ob,
+    H: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr,
+    PARTS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr, KV_FP8: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):  # fmt: skip
     # KV heads vary fastest in launch order: the programs of one sequence run side by side and
     # read its tokens' K/V rows together (1-2% faster at 256 sequences, bench/RESULTS-gpu.md).
@@ -40,13 +43,10 @@ def _partial(
     heads = kvh * GROUP + g
     hmask = g < GROUP
     d = tl.arange(0, D)
-    m_out = m_ptr + b * stride_mb + heads * stride_mh + s
-    l_out = l_ptr + b * stride_mb + heads * stride_mh + s
-    if s * PART_BLOCKS * BLOCK >= ctx:
-        # Nothing of this sequence here: a partial that the merge weighs at zero.
-        tl.store(m_out, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=hmask)
-        tl.store(l_out, tl.zeros([GROUP_PAD], tl.float32), mask=hmask)
-        return
+    PART: tl.constexpr = PART_BLOCKS * BLOCK
+    parts = tl.cdiv(ctx, PART)
+    if s >= parts:
+        return  # nothing of this sequence here
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=hmask[:, None], other=0.0)  # (GROUP_PAD, D)  # fmt: skip
     if KV_FP8:  # e4m3 widens to fp16 in one instruction (to bf16 in several): products in fp16
@@ -55,11 +55,10 @@ def _partial(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
     offs = tl.arange(0, TILE)
-    first = s * PART_BLOCKS * BLOCK
-    if DYNAMIC:  # only the tiles that hold some of the context
-        tiles = tl.cdiv(tl.minimum(ctx - first, PART_BLOCKS * BLOCK), TILE)
-    else:  # static bounds: tiles past the context are masked
-        tiles = PART_BLOCKS * BLOCK // TILE
+    first = s * PART
+    # DYNAMIC: only the tiles that hold some of the context; else static bounds, tiles past the
+    # context masked.
+    tiles = tl.cdiv(tl.minimum(ctx - first, PART), TILE) if DYNAMIC else PART // TILE
     for j in range(tiles):
         tok = first + j * TILE + offs
         valid = tok < ctx
@@ -76,43 +75,18 @@ def _partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
-    if ctx <= PART_BLOCKS * BLOCK:  # the context's only partition: this is the output
-        out = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+    if parts == 1:  # the context's only partition: this is the output
+        out = out_ptr + b * stride_ob + heads[:, None] * D + d[None, :]
         tl.store(out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=hmask[:, None])
-    else:
-        part = acc_ptr + b * stride_ab + heads[:, None] * stride_ah + s * stride_as + d[None, :]
-        tl.store(part, acc, mask=hmask[:, None])
-        tl.store(m_out, m_i, mask=hmask)
-        tl.store(l_out, l_i, mask=hmask)
-
-
-@triton.jit(do_not_specialize=["stride_cb"])
-def _merge(
-    acc_ptr, m_ptr, l_ptr, out_ptr, ctx_ptr,
-    stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ob, stride_oh, stride_cb,
-    GROUP: tl.constexpr, PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, D: tl.constexpr,
-    PART: tl.constexpr,
-):  # fmt: skip
-    """Program (b, h): sequence b, the GROUP query heads of KV head h. At many sequences most
-    contexts fit one partition and the launch is mostly programs that return at once: the
-    fewer and the smaller, the sooner it is done (bench/RESULTS-gpu.md)."""
-    b = tl.program_id(0)
-    if tl.load(ctx_ptr + b * stride_cb) <= PART:
-        return  # one partition, which wrote the output itself
-    s = tl.arange(0, PARTS_PAD)
-    d = tl.arange(0, D)
-    smask = s < PARTS
-    for g in tl.static_range(GROUP):
-        h = tl.program_id(1) * GROUP + g
-        m = tl.load(m_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=float("-inf"))
-        lsum = tl.load(l_ptr + b * stride_mb + h * stride_mh + s, mask=smask, other=0.0)
-        weight = tl.exp(m - tl.max(m, 0))  # empty partitions: exp(-inf) = 0
-        # An empty partition never wrote its accumulator: not even read, since 0 * NaN is NaN.
-        used = smask & (m > float("-inf"))
-        acc = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s[:, None] * stride_as + d[None, :],
-                      mask=used[:, None], other=0.0)  # (PARTS_PAD, D)  # fmt: skip
-        out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * lsum, 0)
-        tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    else:  # a partial for the last partition to finish to merge (engine/kernels/merge.py)
+        part_at = (b * H + heads) * PARTS + s
+        tl.store(acc_ptr + part_at[:, None] * D + d[None, :], acc, mask=hmask[:, None])
+        tl.store(m_ptr + part_at, m_i, mask=hmask)
+        tl.store(l_ptr + part_at, l_i, mask=hmask)
+        merge_when_last(
+            counter_ptr + b * KV + kvh, acc_ptr, m_ptr, l_ptr, out_ptr + b * stride_ob, b, kvh,
+            parts, H, GROUP, GP, D, PARTS, CHUNK,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -161,6 +135,7 @@ class PagedDecode:
         self.acc = torch.empty(rows * n_heads * head_dim, dtype=torch.float32, device=device)
         self.m = torch.empty(rows * n_heads, dtype=torch.float32, device=device)
         self.l = torch.empty(rows * n_heads, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(batch * n_kv_heads, dtype=torch.int32, device=device)
 
     def part_blocks(self, batch: int) -> int:
         if self.fixed_part_blocks is not None:
@@ -196,28 +171,16 @@ class PagedDecode:
         parts = self.partitions(b)
         part_blocks, tiling = self.part_blocks(b), self.tiling(b)
         tile = min(tiling.tile, part_blocks * self.block_size)
-        acc = self.acc[: b * n_heads * parts * hd].view(b, n_heads, parts, hd)
-        maxes = self.m[: b * n_heads * parts].view(b, n_heads, parts)
-        sums = self.l[: b * n_heads * parts].view(b, n_heads, parts)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # heads contiguous
         _partial[(self.n_kv, b, parts)](
-            q, pool, tables, context_lens, acc, maxes, sums, out, hd**-0.5,
-            q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
-            tables.stride(0), context_lens.stride(0),
-            acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
-            out.stride(0), out.stride(1),
-            GROUP=self.group, GROUP_PAD=max(16, triton.next_power_of_2(self.group)), D=hd,
-            BLOCK=self.block_size, PART_BLOCKS=part_blocks, TILE=tile, DYNAMIC=tiling.dynamic,
+            q, pool, tables, context_lens, self.acc, self.m, self.l, self.counters, out,
+            hd**-0.5, q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
+            tables.stride(0), context_lens.stride(0), out.stride(0),
+            H=n_heads, KV=self.n_kv, GROUP=self.group,
+            GROUP_PAD=max(16, triton.next_power_of_2(self.group)),
+            GP=triton.next_power_of_2(self.group), D=hd, BLOCK=self.block_size,
+            PART_BLOCKS=part_blocks, PARTS=parts, TILE=tile, DYNAMIC=tiling.dynamic,
             KV_FP8=pool.dtype == torch.float8_e4m3fn, num_warps=tiling.warps,
-            num_stages=tiling.stages,
-        )  # fmt: skip
-        parts_pad = triton.next_power_of_2(parts)
-        _merge[(b, self.n_kv)](
-            acc, maxes, sums, out, context_lens,
-            acc.stride(0), acc.stride(1), acc.stride(2), maxes.stride(0), maxes.stride(1),
-            out.stride(0), out.stride(1), context_lens.stride(0),
-            GROUP=self.group, PARTS=parts, PARTS_PAD=parts_pad, D=hd,
-            PART=part_blocks * self.block_size,
-            num_warps=min(4, max(1, parts_pad * hd // 1024)),  # a warp holds 32 floats a lane
+            num_stages=tiling.stages, CHUNK=16 if tiling.warps >= 4 else 8,
         )  # fmt: skip
         return out

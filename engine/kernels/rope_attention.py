@@ -9,12 +9,14 @@ of query heads, and the s-th partition of the context, as paged_decode does, and
 - computes the rotary angles of the new position (as Transformer.rope_tables does) and rotates
   the group's queries and the new key in registers;
 - reads its partition's earlier keys and values in one gather (block ids, then rows), not
-  block by block: two memory round trips instead of two a block;
+  block by block: two memory round trips instead of two a block, and both requested before it
+  waits for the kernel before it (programmatic dependent launch), which never writes them;
 - if its partition holds the new position, stores the new K and V into the pool and scores the
   new key from registers (the pool is read only for earlier positions, so no program reads what
   another writes);
 - leaves its partial result in a workspace and bumps a counter: the last partition of (b, h) to
-  arrive merges them all, 16 partitions a round, writes the output, and resets the counter.
+  arrive merges them all, 16 partitions a round, writes the output, and resets the counter
+  (engine/kernels/merge.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from engine.kernels.merge import merge_when_last
 
 
 @triton.jit
@@ -43,15 +47,26 @@ def _rope_attention(
     parts = (ctx + PART - 1) // PART
     if s >= parts:
         return
+    pos = ctx - 1  # the new token's position; the pool holds positions [0, pos)
+    d = tl.arange(0, D)
+    # The partition's earlier keys and values in one gather (their blocks, then their K and V
+    # rows). Earlier steps wrote them, not the kernel before this one, and the block table is an
+    # input of the step: requested before the wait, their latency hides behind that kernel's
+    # tail (bench/RESULTS-gpu.md, session 38).
+    tok = s * PART + tl.arange(0, PART)
+    valid = tok < pos
+    block_ids = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
+    slots = block_ids.to(tl.int64) * BLOCK + tok % BLOCK
+    base = pool_ptr + slots[:, None] * stride_slot + kvh * stride_ph + d[None, :]
+    k = tl.load(base, mask=valid[:, None], other=0.0)  # (PART, D)
+    v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pos = ctx - 1  # the new token's position; the pool holds positions [0, pos)
     dt = qkv_ptr.dtype.element_ty
     g = tl.arange(0, GROUP_PAD)
     heads = kvh * GROUP + g
     hmask = g < GROUP
-    d = tl.arange(0, D)
     HALF: tl.constexpr = D // 2
     # Rotate-half RoPE: x' = x cos + (-x2, x1) sin, cos and sin rounded to the model's dtype.
     angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + d % HALF)
@@ -75,14 +90,6 @@ def _rope_attention(
         tl.store(dest, k_new)
         tl.store(dest + stride_kv, v_new)
 
-    # The partition's earlier keys in one gather: their blocks, then their K and V rows.
-    tok = s * PART + tl.arange(0, PART)
-    valid = tok < pos
-    block_ids = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
-    slots = block_ids.to(tl.int64) * BLOCK + tok % BLOCK
-    base = pool_ptr + slots[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-    k = tl.load(base, mask=valid[:, None], other=0.0)  # (PART, D)
-    v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
     scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, PART)
     scores = tl.where(valid[None, :], scores, float("-inf"))
     m_i = tl.max(scores, 1)
@@ -104,48 +111,8 @@ def _rope_attention(
     tl.store(acc_ptr + (part_at + s)[:, None] * D + d[None, :], acc, mask=hmask[:, None])
     tl.store(m_ptr + part_at + s, m_i, mask=hmask)
     tl.store(l_ptr + part_at + s, l_i, mask=hmask)
-    counter = counter_ptr + b * KV + kvh
-    if tl.atomic_add(counter, 1, sem="acq_rel") == parts - 1:  # the last partition: merge
-        _merge(acc_ptr, m_ptr, l_ptr, out_ptr + b * stride_ob, b, kvh, parts,
-               H, GROUP, GP, D, MAX_PARTS, CHUNK)  # fmt: skip
-        tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
-def _merge(
-    acc_ptr, m_ptr, l_ptr, out_ptr, b, kvh, parts,
-    H: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-    MAX_PARTS: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """Weigh the group's partitions together, CHUNK of them per round trip to L2."""
-    g = tl.arange(0, GP)
-    gmask = g < GROUP
-    d = tl.arange(0, D)
-    rows = (b * H + kvh * GROUP + g) * MAX_PARTS  # (GP,)
-    m_all = tl.full([GP], float("-inf"), tl.float32)
-    l_all = tl.zeros([GP], tl.float32)
-    total = tl.zeros([GP, D], tl.float32)
-    c = parts * 0  # a while loop: Triton's interpreter cannot range over a loaded bound
-    while c < parts:
-        t = c + tl.arange(0, CHUNK)
-        at = rows[:, None] + t[None, :]  # (GP, CHUNK)
-        mask = gmask[:, None] & (t < parts)[None, :]
-        # Written by other programs: read past this one's L1.
-        m_t = tl.load(m_ptr + at, mask=mask, other=float("-inf"), cache_modifier=".cg")
-        l_t = tl.load(l_ptr + at, mask=mask, other=0.0, cache_modifier=".cg")
-        a_t = tl.load(acc_ptr + at[:, :, None] * D + d[None, None, :], mask=mask[:, :, None],
-                      other=0.0, cache_modifier=".cg")  # (GP, CHUNK, D)  # fmt: skip
-        m_new = tl.maximum(m_all, tl.max(m_t, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w_old = tl.exp(m_all - m_safe)
-        w_t = tl.exp(m_t - m_safe[:, None])  # (GP, CHUNK)
-        l_all = l_all * w_old + tl.sum(l_t * w_t, 1)
-        total = total * w_old[:, None] + tl.sum(a_t * w_t[:, :, None], 1)
-        m_all = m_new
-        c += CHUNK
-    out = total / tl.where(gmask, l_all, 1.0)[:, None]
-    dest = out_ptr + (kvh * GROUP + g)[:, None] * D + d[None, :]
-    tl.store(dest, out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+    merge_when_last(counter_ptr + b * KV + kvh, acc_ptr, m_ptr, l_ptr, out_ptr + b * stride_ob,
+                    b, kvh, parts, H, GROUP, GP, D, MAX_PARTS, CHUNK)  # fmt: skip
 
 
 class RopeAttention:

@@ -41,6 +41,10 @@ def check_paged_decode() -> None:
     out = split(q, pool, tables, rows[:, 1])
     looped = whole(q, pool, tables, rows[:, 1])
     walked = tiled(q, pool, tables[:, :31], rows[:, 1])  # a table width no multiple of 16
+    # The last partition to finish merges and resets its counter for the next launch.
+    for kernel in (split, whole, tiled):
+        assert not kernel.counters.any()
+    assert torch.equal(split(q, pool, tables, rows[:, 1]), out)
     for i in range(b):
         c = int(ctx[i])
         pos = torch.arange(c)

@@ -83,7 +83,8 @@ def test_prefill_attention_kernel_matches_sdpa(heads: tuple[int, int, int]) -> N
         assert rel(out, want[0].transpose(0, 1)) < 1e-2
 
 
-def test_one_launch_rope_attention_matches_the_three_launch_path() -> None:
+@pytest.mark.parametrize("pdl", [False, True])  # with PDL, K/V are requested before the wait
+def test_one_launch_rope_attention_matches_the_three_launch_path(pdl: bool) -> None:
     from engine.kernels import fused
     from engine.kernels.paged_decode import PagedDecode
     from engine.kernels.rope_attention import RopeAttention
@@ -102,7 +103,7 @@ def test_one_launch_rope_attention_matches_the_three_launch_path() -> None:
         pos = ctx - 1
         slot = table[0, pos // bs : pos // bs + 1] * bs + pos % bs
         lens = torch.tensor([ctx], device=CUDA)
-        out = kernel(qkv, inv_freq, pool, table, lens, slot)
+        out = kernel(qkv, inv_freq, pool, table, lens, slot, pdl=pdl)
         angles = torch.tensor([float(pos)], device=CUDA)[:, None] * inv_freq[None, :]
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
