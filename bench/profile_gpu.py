@@ -3,7 +3,7 @@ operations, sampling, the rest; for the steps serving runs.
 
     python -m bench.profile_gpu [--model llama3-8b-random] [--rows 10] [--json PATH]
 
-Profiles eager steps (CUDA graphs hide their kernels from the profiler) with torch.profiler: a
+Profiles eager steps with torch.profiler (bench/profile_graphs.py profiles the CUDA graphs): a
 2,048-token prefill, a mixed step (whole prompts, a chunk that continues a prompt and decodes),
 and decode steps of 1, 64 and 256 sequences at 640 tokens of context and of 16 at 4,096. The
 KV pool holds random values (attention's cost does not depend on them). Prints each case's GPU
