@@ -6,8 +6,13 @@ operations, sampling, the rest; for the steps serving runs.
 Profiles eager steps with torch.profiler (bench/profile_graphs.py profiles the CUDA graphs): a
 2,048-token prefill, a mixed step (whole prompts, a chunk that continues a prompt and decodes),
 and decode steps of 1, 64 and 256 sequences at 640 tokens of context and of 16 at 4,096. The
-KV pool holds random values (attention's cost does not depend on them). Prints each case's GPU
-time by kind against its floor; the top kernels go to the JSON. A diagnostic, not a benchmark.
+KV pool holds random values (attention's cost does not depend on them). Prints each case's wall
+time (unprofiled), the GPU's span from its first kernel to its last and the idle time within it,
+and the kernels' time by kind against the case's floor; the top kernels go to the JSON. The
+profiler slows the host's launches, so where the host sets the pace (eager decode steps) the
+profiled span and idle time overstate the unprofiled step's. With --rest, the card idles that
+many seconds before each step: a prompt to an idle server starts at the card's idle clocks.
+A diagnostic, not a benchmark.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import json
 import os
+import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,28 +56,54 @@ def ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def profiled(engine: Engine, batch: list[SeqInput], repeats: int) -> tuple[float, dict[str, Any]]:
-    """Wall seconds a step, and the GPU's µs a step by kind and by kernel."""
+def span_and_idle(intervals: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The GPU's (start, end) activity intervals of one step: the span from the first start to
+    the last end, and the time within it that nothing ran (kernels may overlap: PDL)."""
+    ordered = sorted(intervals)
+    first, reached, idle = ordered[0][0], ordered[0][0], 0.0
+    for start, end in ordered:
+        idle += max(0.0, start - reached)
+        reached = max(reached, end)
+    return reached - first, idle
+
+
+def profiled(
+    engine: Engine, batch: list[SeqInput], repeats: int, rest: float = 0.0
+) -> tuple[float, dict[str, Any]]:
+    """Wall seconds a step (median, unprofiled), and a step's GPU µs: span, idle within it, by
+    kind and by kernel. `rest`: idle seconds before each step."""
     engine.step(batch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        for _ in range(repeats):
-            engine.step(batch)
+    walls, spans, idles = [], [], []
+    for _ in range(repeats):
         torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / repeats
+        time.sleep(rest)
+        start = time.perf_counter()
+        engine.step(batch)  # returns with the step's tokens on the host
+        walls.append(time.perf_counter() - start)
     kernels: dict[str, float] = {}
-    for evt in prof.key_averages():
-        us = getattr(evt, "self_device_time_total", None)
-        if us is None:
-            us = evt.self_cuda_time_total
-        if us > 0:
-            kernels[evt.key] = kernels.get(evt.key, 0.0) + us / repeats
+    for _ in range(repeats):  # one profile a step, so that its GPU span stands alone
+        torch.cuda.synchronize()
+        time.sleep(rest)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.step(batch)
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        span, idle = span_and_idle([(e.time_range.start, e.time_range.end) for e in events])
+        spans.append(span)
+        idles.append(idle)
+        for e in events:
+            us = e.time_range.end - e.time_range.start
+            kernels[e.name] = kernels.get(e.name, 0.0) + us / repeats
     kinds: dict[str, float] = {}
     for name, us in kernels.items():
         kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + us
     top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:25])
-    return wall, {"kinds": kinds, "gpu_us": sum(kernels.values()), "top": top}
+    return statistics.median(walls), {
+        "kinds": kinds,
+        "gpu_us": sum(kernels.values()),
+        "span_us": statistics.median(spans),
+        "idle_us": statistics.median(idles),
+        "top": top,
+    }
 
 
 def main() -> None:
@@ -79,6 +112,10 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "profile.json"
     )
+    parser.add_argument(
+        "--rest", type=float, default=0.0, help="idle seconds before each step (an idle card)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="steps timed and profiled a case")
     args = parser.parse_args()
     home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
     engine = Engine.from_path(
@@ -123,16 +160,20 @@ def main() -> None:
         batch = [SeqInput(f"d{i}", [i], ctx, table(1, ctx, i)) for i in range(n)]
         cases[f"decode {n} x {ctx}"] = (batch, (wbytes + n * (ctx + 1) * kv_token) / copy)
     results = {}
-    print(f"{'case':<40} {'wall us':>9} {'gpu us':>9} {'floor us':>9}  by kind (us, share)")
+    print(f"{'case':<40} {'wall us':>8} {'span us':>8} {'idle us':>8} {'gpu us':>8} "
+          f"{'floor us':>8}  kernels by kind (us, share)")  # fmt: skip
     for name, (batch, floor) in cases.items():
-        wall, got = profiled(engine, batch, 3)
+        wall, got = profiled(engine, batch, args.repeats, args.rest)
         engine.release(s.seq_id for s in batch)
         results[name] = {"wall_us": wall * 1e6, "floor_us": floor * 1e6, **got}
         kinds = "  ".join(
             f"{k} {v:.0f} ({v / got['gpu_us']:.0%})"
             for k, v in sorted(got["kinds"].items(), key=lambda kv: -kv[1])
         )
-        print(f"{name:<40} {wall * 1e6:>9.0f} {got['gpu_us']:>9.0f} {floor * 1e6:>9.0f}  {kinds}")
+        print(
+            f"{name:<40} {wall * 1e6:>8.0f} {got['span_us']:>8.0f} {got['idle_us']:>8.0f} "
+            f"{got['gpu_us']:>8.0f} {floor * 1e6:>8.0f}  {kinds}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
 
