@@ -1,10 +1,11 @@
 """A decode step's products at LLaMA-3-8B shapes and many rows (M = 16..256): cuBLAS, as the
-model runs them (`F.linear`), beside Triton tiles with split K, each timed inside CUDA graphs
-over copies of the weight that pass through more than the L2 cache, as a decode step reads
-each weight once. A row says the time, the share of the copy bandwidth its weight bytes reach,
-and the share of the matmul rate its FLOPs reach.
+model runs them (`F.linear`), beside every algorithm cuBLASLt's heuristic offers
+(bench/cublaslt.py) and Triton tiles with split K, each timed inside CUDA graphs over copies
+of the weight that pass through more than the L2 cache, as a decode step reads each weight
+once. A row says the time, the share of the copy bandwidth its weight bytes reach, and the share
+of the matmul rate its FLOPs reach; a table at the end sums a layer's four products by rows.
 
-    python -m bench.decode_products [--rows 64,256] [--json PATH]
+    python -m bench.decode_products [--rows 64,256] [--kernels cublas,lt,triton] [--json PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from bench import cublaslt
 from bench.gpu_measure import copy_bandwidth, matmul_rate
 from bench.row_tiles import L2_PASS, graph_seconds
 
@@ -87,7 +89,9 @@ def triton_linear(
         torch.sum(partials[:split], dim=0, out=out)  # fixed order: deterministic
 
 
-def measure(name: str, m: int, bandwidth: float, rate: float) -> list[dict[str, Any]]:
+def measure(
+    name: str, m: int, bandwidth: float, rate: float, kernels: set[str]
+) -> list[dict[str, Any]]:
     n, k = SHAPES[name]
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64
     copies = [w] + [w.clone() for _ in range(L2_PASS // (w.numel() * 2))]
@@ -98,7 +102,12 @@ def measure(name: str, m: int, bandwidth: float, rate: float) -> list[dict[str, 
     candidates: list[tuple[str, list[Any]]] = [
         ("cuBLAS F.linear", [lambda c=c: torch.nn.functional.linear(x, c, out=out) for c in copies])
     ]
-    for tile in tiles(m):
+    if "lt" in kernels:
+        for i, algo in enumerate(cublaslt.algorithms(m, n, k)):
+            product = cublaslt.Product(m, n, k, algo)
+            calls = [lambda c=c, p=product: p(x, c, out) for c in copies]
+            candidates.append((f"cuBLASLt algorithm {i}", calls))
+    for tile in tiles(m) if "triton" in kernels else []:
         if k % (tile[2] * tile[3]) or n % tile[1]:
             continue
         candidates.append(
@@ -141,9 +150,37 @@ def measure(name: str, m: int, bandwidth: float, rate: float) -> list[dict[str, 
     return rows
 
 
+def summarize(rows: list[dict[str, Any]]) -> None:
+    """A layer's four products (QKV, O, gate/up, down) by rows, µs: cuBLAS as torch runs it, the
+    heuristic's first cuBLASLt algorithm, and the fastest of each product's candidates."""
+    print(f"\n{'rows':>5} {'cuBLAS':>8} {'Lt first':>9} {'best':>8}  (a layer's products, µs)")
+    layer = [name for name in SHAPES if name != "head"]
+    for m in sorted({r["rows"] for r in rows}):
+        by = {name: [r for r in rows if r["rows"] == m and r["shape"] == name] for name in layer}
+        if not all(by.values()):
+            continue
+
+        def total(pick: Any, by: dict[str, list[dict[str, Any]]] = by) -> float:
+            return sum(pick(by[name]) for name in layer) * 1e6
+
+        def named(label: str) -> Any:
+            return lambda rs: next((r["seconds"] for r in rs if r["kernel"] == label), float("nan"))
+
+        def fastest_correct(rs: list[dict[str, Any]]) -> float:
+            tolerance = 4 * next(r["max_error"] for r in rs if r["kernel"].startswith("cuBLAS "))
+            return min(r["seconds"] for r in rs if r["max_error"] <= tolerance + 1e-3)
+
+        best = total(fastest_correct)
+        print(
+            f"{m:>5} {total(named('cuBLAS F.linear')):>8.1f} "
+            f"{total(named('cuBLASLt algorithm 0')):>9.1f} {best:>8.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="16,64,128,256")
+    parser.add_argument("--kernels", default="cublas,lt,triton", help="families to time")
     parser.add_argument(
         "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "decode_products.json"
     )
@@ -158,9 +195,11 @@ def main() -> None:
         f"{'max err':>8}"
     )
     rows = []
+    kernels = set(args.kernels.split(","))
     for m in map(int, args.rows.split(",")):
         for name in SHAPES:
-            rows += measure(name, m, bandwidth, rate)
+            rows += measure(name, m, bandwidth, rate, kernels)
+    summarize(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps({"copy_bandwidth": bandwidth, "matmul_rate": rate, "rows": rows}, indent=2)

@@ -153,6 +153,12 @@ class PagedDecode:
             # and two warps a program where (sequence, KV head) pairs are many. 20-40% faster
             # than the bf16 pool's tiling at 8-256 sequences (bench/attention_tiles.py).
             return Tiling(max(128, self.block_size), 2 if batch * self.n_kv >= 512 else 4, True, 2)
+        if batch * self.n_kv >= 128:
+            # Many (sequence, KV head) pairs: two warps and two loads in flight a program, so
+            # more programs fit an SM. Inside whole decode steps, where the card runs at its
+            # power limit, 1-2% faster at 64-256 sequences than the tiling below, which
+            # attention timed alone could not tell apart (bench/RESULTS-gpu.md, session 41).
+            return Tiling(max(64, self.block_size), 2, True, 2)
         return Tiling(max(64, self.block_size), 4, True)
 
     def variant(self, batch: int) -> tuple[int, Tiling]:

@@ -63,6 +63,9 @@ def check_paged_decode() -> None:
     # The fp8 pool's own tiling: 128 tokens an iteration, over partitions of 32 blocks.
     fp8_tiled = PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, 32, kv_dtype=torch.float8_e4m3fn)
     assert fp8_tiled.tiling(b).tile == 128
+    # A bf16 pool: two warps and two stages once (sequence, KV head) pairs number 128 or more.
+    rule = PagedDecode(64, 32, 8, 128, bs, 512, cpu)
+    assert rule.tiling(16) == Tiling(64, 2, True, 2) and rule.tiling(8) == Tiling(64, 4, True, 3)
     wide = fp8_tiled(q, pool8, tables, ctx)
     for i in range(b):
         c = int(ctx[i])

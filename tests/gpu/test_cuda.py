@@ -32,9 +32,17 @@ def l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    "tiling", [None, (4, 16, 4, False), (16, 64, 8, True), (32, 64, 4, False), (8, 32, 4, True)]
+    "tiling",
+    [
+        None,
+        (4, 16, 4, False),
+        (16, 64, 8, True),
+        (32, 64, 4, False),
+        (8, 32, 4, True),
+        (64, 64, 2, True, 2),  # many sequences' default
+    ],
 )
-def test_paged_decode_kernel_matches_attention(tiling: tuple[int, int, int, bool] | None) -> None:
+def test_paged_decode_kernel_matches_attention(tiling: tuple[int | bool, ...] | None) -> None:
     from engine.kernels.paged_decode import PagedDecode, Tiling
 
     torch.manual_seed(0)
@@ -52,7 +60,8 @@ def test_paged_decode_kernel_matches_attention(tiling: tuple[int, int, int, bool
     if tiling is None:  # the defaults
         kernel = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA)
     else:
-        kernel = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA, tiling[0], Tiling(*tiling[1:]))
+        part, *walk = tiling
+        kernel = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA, int(part), Tiling(*walk))
     out = kernel(q, pool, tables[:, :127], ctx)  # a table width no multiple of 16
     for i in range(b):
         c = int(ctx[i])
