@@ -90,7 +90,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(ops.silu_mul(self.w13(x)))
+        return self.w2(ops.gate_up_silu(x, self.w13))
 
 
 class TransformerBlock(nn.Module):

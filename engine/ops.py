@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from engine import cpu_kernels
 from engine.kv_cache import to_kv
 from engine.rope import apply_rope
+
+# Rows from which a prompt's gate/up takes engine/kernels/swiglu_gemm.py: on an H200 it wins at
+# 2,048 rows and loses at 512 (bench/RESULTS-gpu.md, session 41).
+_FUSED_ROWS = 1024
 
 
 def add_rms_norm(
@@ -68,3 +73,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return torch.ops.tandem.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gate_up_silu(x: torch.Tensor, gate_up: nn.Module) -> torch.Tensor:
+    """silu(gate) * up of gate_up(x), gate_up's output being gate then up. A prompt's rows on a
+    GPU with TMA go through one kernel that never writes gate/up out (engine/kernels/
+    swiglu_gemm.py); everything else through the product, then silu_mul."""
+    if x.is_cuda and x.shape[0] >= _FUSED_ROWS and type(gate_up) is nn.Linear:
+        from engine.kernels import swiglu_gemm
+
+        if gate_up.bias is None and swiglu_gemm.fits(x, gate_up.weight):
+            return swiglu_gemm.swiglu_gemm(x, gate_up.weight)
+    return silu_mul(gate_up(x))

@@ -74,6 +74,37 @@ def test_paged_decode_kernel_matches_attention(tiling: tuple[int | bool, ...] | 
         assert rel(out[i], ref) < 2e-2
 
 
+@pytest.mark.parametrize("shape", [(1100, 256, 512), (2048, 14336, 4096)])
+def test_gate_up_with_silu_in_one_kernel_matches_fp32(shape: tuple[int, int, int]) -> None:
+    """engine/kernels/swiglu_gemm.py: ragged rows (TMA clips the last tile) and the 8B shapes."""
+    import torch.nn.functional as F
+
+    from engine.kernels.swiglu_gemm import fits, swiglu_gemm
+
+    rows, f, k = shape
+    torch.manual_seed(0)
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+    w = torch.randn(2 * f, k, device=CUDA, dtype=torch.bfloat16) / math.sqrt(k)
+    assert fits(x, w)
+    gate_up = x.float() @ w.float().T
+    want = F.silu(gate_up[:, :f]) * gate_up[:, f:]
+    assert rel(swiglu_gemm(x, w), want) < 1e-2
+
+
+def test_prompts_of_1024_rows_take_the_fused_gate_up() -> None:
+    """ops.gate_up_silu: the fused kernel from 1,024 rows, agreeing with product + silu_mul;
+    fewer rows through exactly the product and silu_mul."""
+    from engine import ops
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(512, 2 * 256, bias=False, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(1024, 512, device=CUDA, dtype=torch.bfloat16)
+    fused, unfused = ops.gate_up_silu(x, lin), ops.silu_mul(lin(x))
+    assert not torch.equal(fused, unfused)  # the fused kernel ran: it rounds gate/up no more
+    assert rel(fused, unfused) < 2e-2
+    assert torch.equal(ops.gate_up_silu(x[:1023], lin), ops.silu_mul(lin(x[:1023])))
+
+
 @pytest.mark.parametrize("heads", [(32, 8, 128), (9, 3, 64)])
 def test_prefill_attention_kernel_matches_sdpa(heads: tuple[int, int, int]) -> None:
     import torch.nn.functional as F
