@@ -25,8 +25,12 @@ from engine.kernels.prefill_attention import prefill_attention
 
 HEADS = {"8B": (32, 8, 128), "SmolLM2": (9, 3, 64)}
 LENGTHS = [512, 2048, 8192]
-TILES = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 8, 3), (128, 64, 8, 4),
-         (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4)]  # fmt: skip
+# (BLOCK_M, BLOCK_N, warps, stages, query heads a program): PACK > 1 reads each K/V tile once
+# for that many heads of a GQA group (SmolLM2's groups of 3 fall back to 1).
+TILES = [(128, 64, 8, 3, 1), (128, 128, 8, 3, 1), (64, 64, 4, 3, 1), (64, 32, 4, 3, 1),
+         (64, 64, 4, 3, 4), (128, 64, 8, 3, 4), (128, 64, 4, 3, 4), (128, 128, 8, 3, 4),
+         (128, 64, 8, 2, 4), (128, 32, 4, 3, 4), (256, 64, 8, 3, 4), (128, 64, 8, 3, 2),
+         (64, 64, 4, 3, 2)]  # fmt: skip
 
 
 def sdpa(backend: SDPBackend) -> Any:

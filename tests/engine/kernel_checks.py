@@ -279,10 +279,12 @@ def check_prefill_attention() -> None:
     # (queries, keys, heads, KV heads, head size, tiles): one token; a prompt shorter than a
     # tile; several tiles, the last partial; no GQA; tiles of fewer keys than queries; chunks
     # that continue a prompt, their first position inside a key tile or on its edge.
-    cases = [(1, 1, 4, 2, 16, None), (37, 37, 4, 2, 16, None), (130, 130, 6, 2, 32, (64, 32, 4, 1)),
-             (200, 200, 3, 3, 16, (32, 32, 4, 1)), (150, 150, 8, 2, 16, (64, 16, 4, 1)),
-             (40, 141, 4, 2, 16, (32, 16, 4, 1)), (70, 134, 4, 1, 16, (64, 64, 4, 1)),
-             (1, 90, 4, 2, 16, None)]  # fmt: skip
+    cases = [(1, 1, 4, 2, 16, None), (37, 37, 4, 2, 16, None),
+             (130, 130, 6, 2, 32, (64, 32, 4, 1, 1)), (200, 200, 3, 3, 16, (32, 32, 4, 1, 1)),
+             (150, 150, 8, 2, 16, (64, 16, 4, 1, 1)), (40, 141, 4, 2, 16, (32, 16, 4, 1, 1)),
+             (70, 134, 4, 1, 16, (64, 64, 4, 1, 1)), (1, 90, 4, 2, 16, None),
+             (150, 150, 8, 2, 16, (64, 32, 4, 1, 4)), (40, 141, 8, 2, 16, (32, 16, 4, 1, 2)),
+             (70, 134, 6, 2, 16, (64, 64, 4, 1, 4))]  # fmt: skip
     for length, ctx, heads, kv, hd, tiles in cases:
         q = torch.randn(length, heads, hd)
         k, v = torch.randn(ctx, kv, hd), torch.randn(ctx, kv, hd)

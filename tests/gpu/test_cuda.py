@@ -113,11 +113,15 @@ def test_prefill_attention_kernel_matches_sdpa(heads: tuple[int, int, int]) -> N
 
     n_heads, n_kv, hd = heads
     torch.manual_seed(0)
-    for length in (1, 100, 2048):
-        q, k, v = (torch.randn(length, h, hd, device=CUDA, dtype=torch.bfloat16)
-                   for h in (n_heads, n_kv, n_kv))  # fmt: skip
+    # From 2,048 queries the 8B heads take LONG_TILES (4 heads a program): a whole prompt, and a
+    # chunk continuing 300 tokens.
+    for length, ctx in ((1, 1), (100, 100), (2048, 2048), (2048, 2348)):
+        q = torch.randn(length, n_heads, hd, device=CUDA, dtype=torch.bfloat16)
+        k, v = (torch.randn(ctx, n_kv, hd, device=CUDA, dtype=torch.bfloat16) for _ in "kv")
         q4, k4, v4 = (t.float().transpose(0, 1)[None] for t in (q, k, v))
-        want = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+        pos = torch.arange(ctx, device=CUDA)
+        causal = pos[None, :] <= pos[ctx - length :, None]
+        want = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=causal, enable_gqa=True)
         out = torch.full_like(q, float("nan"))
         assert prefill_attention(q, k, v, out=out) is out
         assert rel(out, want[0].transpose(0, 1)) < 1e-2
