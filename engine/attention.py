@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,9 +18,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.upload import to_device
-
-if TYPE_CHECKING:
-    from engine.kernels.prefill_attention import Prompts
 
 
 @dataclass
@@ -98,8 +95,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) int64 pool slot of each new token
     prefills: list[PrefillSpan]
     decodes: DecodeGroup | None
-    # The whole prompts' one launch (prefill_attention.Prompts), planned by the first layer.
-    prompts: Prompts | None = None
 
 
 def build_metadata(
@@ -214,20 +209,7 @@ def paged_attention(
         heads = group.attend(q, pool)  # the common step: decodes only, no scatter back
         return heads if out is None else out.copy_(heads)
     out = torch.empty_like(q) if out is None else out
-    spans = meta.prefills
-    if len(spans) > 1 and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        from engine.kernels import prefill_attention as kernel
-
-        whole = [span for span in spans if span.key_slots is None]
-        if len(whole) > 1 and kernel.fits(q):  # the whole prompts in one launch
-            if meta.prompts is None:
-                meta.prompts = kernel.plan(
-                    [span.q_start for span in whole], [span.q_end - span.q_start for span in whole],
-                    q.shape[1], k.shape[1], q.shape[2], q.device,
-                )  # fmt: skip
-            kernel.prefill_attention_prompts(q, k, v, meta.prompts, out)
-            spans = [span for span in spans if span.key_slots is not None]
-    for span in spans:
+    for span in meta.prefills:
         rows = slice(span.q_start, span.q_end)
         if span.key_slots is None:  # a whole prompt: its keys are this step's
             keys, values = k[rows], v[rows]  # (q_len, n_kv, hd)

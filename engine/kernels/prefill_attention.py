@@ -18,23 +18,20 @@ for every new length: bench/RESULTS-gpu.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-Tiles = tuple[int, int, int, int, int]  # (BLOCK_M, BLOCK_N, warps, stages, PACK)
-# 64 queries of one head by 64 keys, 4 warps, 3 stages: the best of the tile choices at 512
-# tokens for head sizes 64 and 128, within 3% of the best at 768-1,536
-# (bench/prefill_attention.py).
-TILES: Tiles = (64, 64, 4, 3, 1)
+# (BLOCK_M, BLOCK_N, warps, stages, PACK). 64 queries of one head by 64 keys, 4 warps, 3 stages:
+# the best of the tile choices at 512 tokens for head sizes 64 and 128, within 3% of the best at
+# 768-1,536 (bench/prefill_attention.py).
+TILES = (64, 64, 4, 3, 1)
 # Heads of 128 in GQA groups of a multiple of 4, where that makes LONG programs or more: 64
 # queries of 4 heads that share a KV head, so each K/V tile read from L2 serves 4 heads' rows.
 # LLaMA-3-8B's heads: 9% faster at 2,048 queries (256 programs), 10% at 4,096, 15% at 8,192;
 # fewer programs leave SMs idle (1.5× slower at 1,024 queries, 128 programs).
-LONG_TILES: Tiles = (256, 64, 8, 3, 4)
-LONG = 256
+LONG_TILES, LONG = (256, 64, 8, 3, 4), 256
 _LOG2E = 1.4426950408889634
 
 
@@ -65,24 +62,14 @@ def _step(
 
 @triton.jit(do_not_specialize=["L", "P"])
 def _prefill_attention(
-    q_ptr, k_ptr, v_ptr, o_ptr, work_ptr, L, P, qk_scale,
+    q_ptr, k_ptr, v_ptr, o_ptr, L, P, qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, PACK: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PROMPTS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # Rows r of the tile: query head (program 0) * PACK + r // TQ, query TQ * m + r % TQ.
     TQ: tl.constexpr = BLOCK_M // PACK
-    if PROMPTS:  # several whole prompts (`Prompts`): this program's prompt and query block
-        item = work_ptr + 3 * tl.program_id(1)
-        first = tl.load(item).to(tl.int64)
-        L = tl.load(item + 1)
-        m = tl.load(item + 2)
-        q_ptr += first * stride_qt
-        k_ptr += first * stride_kt
-        v_ptr += first * stride_vt
-        o_ptr += first * stride_ot
-    else:
-        m = tl.num_programs(1) - 1 - tl.program_id(1)  # the longest rows first
+    m = tl.num_programs(1) - 1 - tl.program_id(1)  # the longest rows first
     r = tl.arange(0, BLOCK_M)
     head = tl.program_id(0) * PACK + r // TQ
     kvh = tl.program_id(0) * PACK // GROUP
@@ -119,27 +106,12 @@ def fits(q: torch.Tensor) -> bool:
     return 16 <= hd <= 128 and hd & (hd - 1) == 0
 
 
-def _tiles(heads: int, group: int, hd: int, lengths: list[int]) -> Tiles:
-    """The measured choice for prompts of `lengths` (one launch): LONG_TILES where they make
-    LONG programs or more, else TILES."""
-    pack = LONG_TILES[4]
-    programs = heads // pack * sum(triton.cdiv(n, LONG_TILES[0] // pack) for n in lengths)
-    return LONG_TILES if hd == 128 and group % pack == 0 and programs >= LONG else TILES
-
-
-def _packed(tiles: Tiles, group: int) -> int:
-    """The query heads a program takes: the tiles' PACK where it divides the group and BLOCK_M,
-    else 1."""
-    block_m, pack = tiles[0], tiles[4]
-    return 1 if group % pack or block_m % pack else pack
-
-
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     out: torch.Tensor | None = None,
-    tiles: Tiles | None = None,
+    tiles: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """q: (L, n_heads, hd), the queries of positions ctx - L to ctx - 1; k, v: (ctx, n_kv, hd),
     the sequence's keys and values from position 0 (last dims contiguous). Returns causal
@@ -150,68 +122,21 @@ def prefill_attention(
     length, heads, hd = q.shape
     ctx, kv_heads = k.shape[:2]
     assert heads % kv_heads == 0 and k.shape == v.shape == (ctx, kv_heads, hd) and ctx >= length
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
     out = torch.empty_like(q) if out is None else out
     group = heads // kv_heads
-    chosen = tiles or _tiles(heads, group, hd, [length])
-    pack = _packed(chosen, group)
-    grid = (heads // pack, triton.cdiv(length, chosen[0] // pack))
-    _launch(grid, q, k, v, out, out, length, ctx - length, chosen, pack, False)
-    return out
-
-
-@dataclass(frozen=True)
-class Prompts:
-    """Whole prompts of one step, rows of the same q, k and v, attended in one launch: short
-    prompts alone leave most SMs idle (a 512-token prompt of LLaMA-3-8B makes 256 programs of
-    4 warps) and cost a launch each, per layer. Built once a step (`plan`), used by every
-    layer."""
-
-    tiles: Tiles
-    pack: int
-    work: torch.Tensor  # (programs, 3) int32: a prompt's first row, its length, a query block
-
-
-def plan(
-    firsts: list[int], lengths: list[int], heads: int, kv_heads: int, hd: int,
-    device: torch.device, tiles: Tiles | None = None,
-) -> Prompts:  # fmt: skip
-    """The launch for prompts at rows [firsts[i], firsts[i] + lengths[i]) of the step (`tiles`
-    instead of the measured choice). Query blocks that see the most keys come first, so the
-    long ones do not form the tail."""
-    group = heads // kv_heads
-    tiles = tiles or _tiles(heads, group, hd, lengths)
-    pack = _packed(tiles, group)
-    per = tiles[0] // pack  # queries a block
-    blocks = [(first, n, m) for first, n in zip(firsts, lengths, strict=True)
-              for m in range(triton.cdiv(n, per))]  # fmt: skip
-    blocks.sort(key=lambda b: -min((b[2] + 1) * per, b[1]))
-    work = torch.tensor(blocks, dtype=torch.int32).to(device, non_blocking=True)
-    return Prompts(tiles, pack, work)
-
-
-def prefill_attention_prompts(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prompts: Prompts, out: torch.Tensor
-) -> torch.Tensor:
-    """Causal attention of each of `prompts` (whole prompts: their keys are their own rows of k
-    and v), written to their rows of `out`. q: (T, n_heads, hd); k, v: (T, n_kv, hd)."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    assert k.shape == v.shape and k.shape[0] == q.shape[0] and heads % kv_heads == 0
-    grid = (heads // prompts.pack, prompts.work.shape[0])
-    _launch(grid, q, k, v, out, prompts.work, 0, 0, prompts.tiles, prompts.pack, True)
-    return out
-
-
-def _launch(
-    grid: tuple[int, int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    out: torch.Tensor, work: torch.Tensor, length: int, prior: int, tiles: Tiles,
-    pack: int, prompts: bool,
-) -> None:  # fmt: skip
-    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-    block_m, block_n, warps, stages = tiles[:4]
+    pack = LONG_TILES[4]
+    programs = heads // pack * triton.cdiv(length, LONG_TILES[0] // pack)
+    long = hd == 128 and group % pack == 0 and programs >= LONG
+    block_m, block_n, warps, stages, pack = tiles or (LONG_TILES if long else TILES)
+    if group % pack or block_m % pack:
+        pack = 1
+    grid = (heads // pack, triton.cdiv(length, block_m // pack))
     _prefill_attention[grid](
-        q, k, v, out, work, length, prior, _LOG2E / math.sqrt(q.shape[-1]),
+        q, k, v, out, length, ctx - length, _LOG2E / math.sqrt(hd),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        GROUP=q.shape[1] // k.shape[1], PACK=pack, D=q.shape[-1], BLOCK_M=block_m,
-        BLOCK_N=block_n, PROMPTS=prompts, num_warps=warps, num_stages=stages,
+        GROUP=group, PACK=pack, D=hd, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
+    return out

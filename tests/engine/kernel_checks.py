@@ -273,7 +273,7 @@ def check_row_gemv() -> None:
 def check_prefill_attention() -> None:
     import torch.nn.functional as F
 
-    from engine.kernels.prefill_attention import plan, prefill_attention, prefill_attention_prompts
+    from engine.kernels.prefill_attention import prefill_attention
 
     torch.manual_seed(0)
     # (queries, keys, heads, KV heads, head size, tiles): one token; a prompt shorter than a
@@ -298,21 +298,6 @@ def check_prefill_attention() -> None:
             f"prefill attention {length} of {ctx} tokens, {heads}/{kv} heads: max error {err:.2e}"
         )
         if err > 1e-5:
-            sys.exit(1)
-    # Whole prompts side by side in one step's rows, one launch: one head a program, and 4.
-    lengths = [37, 1, 130, 64]
-    firsts = [sum(lengths[:i]) for i in range(len(lengths))]
-    q, k, v = (torch.randn(sum(lengths), h, 16) for h in (8, 2, 2))
-    for tiles in [None, (64, 32, 4, 1, 4)]:
-        prompts = plan(firsts, lengths, 8, 2, 16, torch.device("cpu"), tiles=tiles)
-        out = prefill_attention_prompts(q, k, v, prompts, torch.full_like(q, float("nan")))
-        err = 0.0
-        for first, n in zip(firsts, lengths, strict=True):
-            q4, k4, v4 = (t[first : first + n].transpose(0, 1)[None] for t in (q, k, v))
-            want = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
-            err = max(err, float((out[first : first + n] - want[0].transpose(0, 1)).abs().max()))
-        print(f"prefill attention of 4 prompts in one launch, {tiles}: max error {err:.2e}")
-        if not err <= 1e-5:  # NaN: a row left unwritten
             sys.exit(1)
 
 

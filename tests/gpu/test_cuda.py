@@ -127,25 +127,6 @@ def test_prefill_attention_kernel_matches_sdpa(heads: tuple[int, int, int]) -> N
         assert rel(out, want[0].transpose(0, 1)) < 1e-2
 
 
-@pytest.mark.parametrize("lengths", [[512] * 4, [100, 37, 300]])  # 4 heads a program; 1
-def test_whole_prompts_in_one_launch_match_sdpa(lengths: list[int]) -> None:
-    import torch.nn.functional as F
-
-    from engine.kernels import prefill_attention as kernel
-
-    torch.manual_seed(0)
-    firsts = [sum(lengths[:i]) for i in range(len(lengths))]
-    q, k, v = (torch.randn(sum(lengths), h, 128, device=CUDA, dtype=torch.bfloat16)
-               for h in (32, 8, 8))  # fmt: skip
-    prompts = kernel.plan(firsts, lengths, 32, 8, 128, CUDA)
-    assert prompts.pack == (4 if len(lengths) == 4 else 1)
-    out = kernel.prefill_attention_prompts(q, k, v, prompts, torch.full_like(q, float("nan")))
-    for first, n in zip(firsts, lengths, strict=True):
-        q4, k4, v4 = (t[first : first + n].float().transpose(0, 1)[None] for t in (q, k, v))
-        want = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
-        assert rel(out[first : first + n], want[0].transpose(0, 1)) < 1e-2
-
-
 @pytest.mark.parametrize("pdl", [False, True])  # with PDL, K/V are requested before the wait
 def test_one_launch_rope_attention_matches_the_three_launch_path(pdl: bool) -> None:
     from engine.kernels import fused
