@@ -106,6 +106,17 @@ def fits(q: torch.Tensor) -> bool:
     return 16 <= hd <= 128 and hd & (hd - 1) == 0
 
 
+def measured_tiles(
+    length: int, heads: int, kv_heads: int, hd: int
+) -> tuple[int, int, int, int, int]:
+    """The tiles for `length` queries of `heads` over `kv_heads` heads of `hd`: LONG_TILES where
+    their programs (4 heads of a group, 64 queries each) number LONG or more, else TILES."""
+    pack = LONG_TILES[4]
+    programs = heads // pack * triton.cdiv(length, LONG_TILES[0] // pack)
+    long = hd == 128 and (heads // kv_heads) % pack == 0 and programs >= LONG
+    return LONG_TILES if long else TILES
+
+
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,10 +136,7 @@ def prefill_attention(
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
     out = torch.empty_like(q) if out is None else out
     group = heads // kv_heads
-    pack = LONG_TILES[4]
-    programs = heads // pack * triton.cdiv(length, LONG_TILES[0] // pack)
-    long = hd == 128 and group % pack == 0 and programs >= LONG
-    block_m, block_n, warps, stages, pack = tiles or (LONG_TILES if long else TILES)
+    block_m, block_n, warps, stages, pack = tiles or measured_tiles(length, heads, kv_heads, hd)
     if group % pack or block_m % pack:
         pack = 1
     grid = (heads // pack, triton.cdiv(length, block_m // pack))
