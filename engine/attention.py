@@ -74,6 +74,22 @@ class GatherDecode:
         return o[:, :, 0, :]
 
 
+class NewTokenKernel(Protocol):
+    """A decode kernel that also finishes each row's own token (engine/kernels/paged_decode.py's
+    `attend_new`): rotates Q and K, stores K and V at `slots`, attends."""
+
+    def attend_new(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        pool: torch.Tensor,
+        tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
 @dataclass
 class KernelDecode:
     """Decode attention by a paged kernel reading the pool through block tables (CUDA)."""
@@ -82,9 +98,27 @@ class KernelDecode:
     tables: torch.Tensor  # (B, max_blocks) int64 block ids
     context_lens: torch.Tensor  # (B,) int64
     kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    # Set where a step of decodes alone hands attention its Q/K/V as the QKV product left them
+    # (CUDA graphs): no RoPE + store launch before it.
+    new_tokens: NewTokenKernel | None = None
 
     def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
         return self.kernel(q, pool, self.tables, self.context_lens)
+
+    def attend_new(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        pool: torch.Tensor,
+    ) -> torch.Tensor:
+        """qkv (B, n_heads + 2 n_kv, hd) as the QKV product left it → (B, n_heads, hd), each
+        row's K/V stored at `slots` on the way (`new_tokens` must be set)."""
+        assert self.new_tokens is not None
+        return self.new_tokens.attend_new(
+            qkv, cos, sin, slots, pool, self.tables, self.context_lens
+        )
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
@@ -95,6 +129,16 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) int64 pool slot of each new token
     prefills: list[PrefillSpan]
     decodes: DecodeGroup | None
+
+    @property
+    def fused_decodes(self) -> KernelDecode | None:
+        """The decode group, where the step is decodes alone and their kernel rotates and stores
+        the step's own tokens (the model then leaves Q/K/V as the product made them); else
+        None."""
+        group = self.decodes
+        if self.prefills or not isinstance(group, KernelDecode) or group.new_tokens is None:
+            return None
+        return group
 
 
 def build_metadata(

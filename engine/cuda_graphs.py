@@ -88,6 +88,9 @@ class DecodeGraphs:
             device,
             kv_dtype=kv.pool.dtype,
         )
+        # Many-row buckets: attention rotates and stores each row's new token itself (False:
+        # a RoPE + store kernel before it, which benchmarks compare against).
+        self.fuse_new_tokens = True
         # The batch-1 bucket through fused kernels where the model's weights allow.
         self.row = RowDecoder.for_model(model, kv)
         self.greedy = GreedyPicks(biggest, vocab_size, device)
@@ -112,7 +115,12 @@ class DecodeGraphs:
     def _meta(self, size: int) -> AttentionMetadata:
         rows = self.rows[:size]
         decodes = KernelDecode(
-            torch.arange(size, device=rows.device), rows[:, _TABLE:], rows[:, _CTX], self.kernel
+            torch.arange(size, device=rows.device),
+            rows[:, _TABLE:],
+            rows[:, _CTX],
+            self.kernel,
+            # RoPE and the K/V store inside attention: a launch a layer fewer.
+            new_tokens=self.kernel if self.fuse_new_tokens else None,
         )
         return AttentionMetadata(slot_mapping=rows[:, _SLOT], prefills=[], decodes=decodes)
 

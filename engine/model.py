@@ -50,12 +50,15 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         kv_pool: torch.Tensor,
         slots: torch.Tensor,
+        store: bool = True,
     ) -> torch.Tensor:
         """Q, K and V of x, (T, n_heads + 2 n_kv, hd): RoPE on Q and K, and K and V stored in the
-        pool at `slots`."""
+        pool at `slots`; with `store` False, as the product left them (attention does the
+        rest: AttentionMetadata.fused_decodes)."""
         t, hd, h, kv = x.shape[0], self.head_dim, self.n_heads, self.n_kv_heads
         qkv = self.wqkv(x).view(t, h + 2 * kv, hd)
-        ops.rope_and_store(qkv, cos, sin, kv_pool, slots, h, kv)
+        if store:
+            ops.rope_and_store(qkv, cos, sin, kv_pool, slots, h, kv)
         return qkv
 
     def attend(
@@ -64,8 +67,16 @@ class Attention(nn.Module):
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
         out: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Attention of `project`'s rows, (T, n_heads, hd) (into `out` if given)."""
+        """Attention of `project`'s rows, (T, n_heads, hd) (into `out` if given). `rope`: the
+        rows' (cos, sin), which a step with `meta.fused_decodes` needs (project stored
+        nothing)."""
+        fused = meta.fused_decodes
+        if fused is not None:
+            assert rope is not None, "a step whose attention rotates its tokens needs their angles"
+            heads = fused.attend_new(qkv, *rope, meta.slot_mapping, kv_pool)
+            return heads if out is None else out.copy_(heads)
         h, kv = self.n_heads, self.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]  # (T, heads, hd) each
         return paged_attention(q, k, v, kv_pool, meta, out)
@@ -78,8 +89,8 @@ class Attention(nn.Module):
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        qkv = self.project(x, cos, sin, kv_pool, meta.slot_mapping)
-        out = self.attend(qkv, kv_pool, meta)
+        qkv = self.project(x, cos, sin, kv_pool, meta.slot_mapping, meta.fused_decodes is None)
+        out = self.attend(qkv, kv_pool, meta, rope=(cos, sin))
         return self.wo(out.reshape(x.shape[0], -1))
 
 
@@ -112,8 +123,9 @@ class TransformerBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous sublayer's output; residual: the stream before it (None at the first
         layer). Returns this block's MLP output and the stream before it."""
-        qkv, residual = self.begin(x, residual, cos, sin, kv_pool, meta.slot_mapping)
-        return self.finish(self.attention.attend(qkv, kv_pool, meta), residual)
+        store = meta.fused_decodes is None
+        qkv, residual = self.begin(x, residual, cos, sin, kv_pool, meta.slot_mapping, store)
+        return self.finish(self.attention.attend(qkv, kv_pool, meta, rope=(cos, sin)), residual)
 
     def begin(
         self,
@@ -123,10 +135,12 @@ class TransformerBlock(nn.Module):
         sin: torch.Tensor,
         kv_pool: torch.Tensor,
         slots: torch.Tensor,
+        store: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block up to attention: (Q/K/V with K and V stored, the stream)."""
+        """The block up to attention: (Q/K/V with K and V stored unless not `store`, the
+        stream)."""
         h, residual = self.attention_norm(x, residual)
-        return self.attention.project(h, cos, sin, kv_pool, slots), residual
+        return self.attention.project(h, cos, sin, kv_pool, slots, store), residual
 
     def finish(
         self, heads: torch.Tensor, residual: torch.Tensor

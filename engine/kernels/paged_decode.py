@@ -7,6 +7,11 @@ block's id) a loop iteration. Each partition leaves an unnormalised partial resu
 running max and sum (flash-decoding), and the last of a sequence's partitions to finish merges
 them (engine/kernels/merge.py), in the same launch. A context that fits in one partition is
 written out by that partition itself.
+
+`attend_new` also finishes the step's own token, which a decode-only step would otherwise hand
+to a RoPE + K/V store kernel first (engine/kernels/fused.py): each program rotates its Q heads,
+and the partition holding the new position rotates the new key, stores key and value into the
+pool, and weighs them in from registers. One launch a layer fewer, and no pass over Q/K/V.
 Shapes are fixed by the batch size alone, not by the contexts, so the launches can be captured
 in a CUDA graph: partitions past a sequence's end return at once.
 """
@@ -24,14 +29,26 @@ from engine.kernels.merge import merge_when_last
 
 # Strides that differ between eager steps and graphs, or from step to step (the block tables'
 # width), are plain arguments: one compiled kernel serves them all.
-@triton.jit(do_not_specialize=["stride_tb", "stride_cb"])
+@triton.jit
+def _rotated(row, d, cos, sin, mask, HALF: tl.constexpr, D: tl.constexpr):
+    """RoPE (rotate-half) of the rows at row + d, in fp32, rounded to their dtype as
+    engine/kernels/fused.py's RoPE rounds them: x cos + (-x[d + HALF] | x[d - HALF]) sin."""
+    x = tl.load(row + d, mask=mask, other=0.0)
+    partner = tl.load(row + (d + HALF) % D, mask=mask, other=0.0).to(tl.float32)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    return (x.to(tl.float32) * cos + sign * partner * sin).to(x.dtype)
+
+
+@triton.jit(do_not_specialize=["stride_tb", "stride_cb", "stride_rb", "stride_sb"])
 def _partial(
     q_ptr, pool_ptr, tables_ptr, ctx_ptr, acc_ptr, m_ptr, l_ptr, counter_ptr, out_ptr, scale,
+    cos_ptr, sin_ptr, slot_ptr,
     stride_qb, stride_qh, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb, stride_ob,
+    stride_rb, stride_sb,
     H: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr,
     PARTS: tl.constexpr, TILE: tl.constexpr, DYNAMIC: tl.constexpr, KV_FP8: tl.constexpr,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, NEW: tl.constexpr, KV_LIMIT: tl.constexpr,
 ):  # fmt: skip
     # KV heads vary fastest in launch order: the programs of one sequence run side by side and
     # read its tokens' K/V rows together (1-2% faster at 256 sequences, bench/RESULTS-gpu.md).
@@ -47,8 +64,16 @@ def _partial(
     parts = tl.cdiv(ctx, PART)
     if s >= parts:
         return  # nothing of this sequence here
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=hmask[:, None], other=0.0)  # (GROUP_PAD, D)  # fmt: skip
+    row = q_ptr + b * stride_qb  # NEW: the step's Q/K/V row, Q and K not yet rotated
+    if NEW:
+        cos = tl.load(cos_ptr + b * stride_rb + d).to(tl.float32)
+        sin = tl.load(sin_ptr + b * stride_rb + d).to(tl.float32)
+        q = _rotated(row + heads[:, None] * stride_qh, d[None, :], cos[None, :], sin[None, :],
+                     hmask[:, None], D // 2, D)  # fmt: skip
+        pooled = ctx - 1  # the pool holds the positions before the new one
+    else:
+        q = tl.load(row + heads[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
+        pooled = ctx
     if KV_FP8:  # e4m3 widens to fp16 in one instruction (to bf16 in several): products in fp16
         q = q.to(tl.float16)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -58,10 +83,12 @@ def _partial(
     first = s * PART
     # DYNAMIC: only the tiles that hold some of the context; else static bounds, tiles past the
     # context masked.
-    tiles = tl.cdiv(tl.minimum(ctx - first, PART), TILE) if DYNAMIC else PART // TILE
+    tiles = tl.cdiv(tl.minimum(pooled - first, PART), TILE) if DYNAMIC else PART // TILE
+    if NEW and not DYNAMIC:  # a partition of the new token alone: no tile, whose max is -inf
+        tiles = tl.where(pooled > first, tiles, 0)
     for j in range(tiles):
         tok = first + j * TILE + offs
-        valid = tok < ctx
+        valid = tok < pooled
         block_id = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
         slot = block_id.to(tl.int64) * BLOCK + tok % BLOCK
         base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
@@ -74,6 +101,27 @@ def _partial(
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    if NEW and s == parts - 1:  # the new position is this partition's last
+        key = _rotated(row + (H + kvh) * stride_qh, d, cos, sin, d < D, D // 2, D)
+        value = tl.load(row + (H + KV + kvh) * stride_qh + d)
+        dest = pool_ptr + tl.load(slot_ptr + b * stride_sb) * stride_slot + kvh * stride_ph + d
+        kv_type = pool_ptr.dtype.element_ty
+        if KV_LIMIT > 0:  # an fp8 pool: values as they are (scale 1), saturated, as fused.py
+            key = tl.clamp(key.to(tl.float32), -KV_LIMIT, KV_LIMIT)
+            value = tl.clamp(value.to(tl.float32), -KV_LIMIT, KV_LIMIT)
+        key, value = key.to(kv_type), value.to(kv_type)
+        tl.store(dest, key)
+        tl.store(dest + stride_kv, value)
+        # Weighed in as the loop would have read them back from the pool.
+        k = key.to(q.dtype).to(tl.float32)
+        score = tl.sum(q.to(tl.float32) * k[None, :], 1) * scale  # (GROUP_PAD,)
+        m_new = tl.maximum(m_i, score)
+        p = tl.exp(score - m_new)
+        alpha = tl.exp(m_i - m_new)  # 0 where the partition held no pooled token
+        l_i = l_i * alpha + p
+        v = value.to(q.dtype).to(tl.float32)
+        acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * v[None, :]
         m_i = m_new
     if parts == 1:  # the context's only partition: this is the output
         out = out_ptr + b * stride_ob + heads[:, None] * D + d[None, :]
@@ -125,6 +173,7 @@ class PagedDecode:
     ) -> None:
         """kv_dtype: the pool's, which the default tiling depends on (any pool is read right)."""
         self.group = n_heads // n_kv_heads
+        self.n_heads = n_heads
         self.kv_fp8 = kv_dtype == torch.float8_e4m3fn
         self.n_kv = n_kv_heads
         self.block_size = block_size
@@ -173,20 +222,55 @@ class PagedDecode:
     ) -> torch.Tensor:
         """q: (B, n_heads, hd); pool: (slots, 2, n_kv, hd); tables: (B, max_blocks) block ids;
         context_lens: (B,), each >= 1 (any strides). Returns (B, n_heads, hd) in q's dtype."""
-        b, n_heads, hd = q.shape
+        return self._launch(q, pool, tables, context_lens, None)
+
+    def attend_new(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        pool: torch.Tensor,
+        tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode-only step's attention, its own token included: qkv (B, n_heads + 2 n_kv, hd)
+        as the QKV product left it (Q and K not rotated); cos, sin (B, hd) of each row's
+        position (context_lens - 1), where `slots` (B,) say its K/V go. Rotates Q and K as
+        engine/kernels/fused.py's rope_and_store would, stores K and V into the pool, and
+        returns (B, n_heads, hd) as __call__ over the stored pool would."""
+        b, heads, hd = qkv.shape
+        assert heads == self.n_heads + 2 * self.n_kv and qkv.stride(2) == 1
+        assert cos.shape == sin.shape == (b, hd) and cos.stride() == sin.stride()
+        return self._launch(qkv, pool, tables, context_lens, (cos, sin, slots))
+
+    def _launch(
+        self,
+        q: torch.Tensor,
+        pool: torch.Tensor,
+        tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        new: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        b, hd = q.shape[0], q.shape[2]
+        n_heads = self.n_heads
         parts = self.partitions(b)
         part_blocks, tiling = self.part_blocks(b), self.tiling(b)
         tile = min(tiling.tile, part_blocks * self.block_size)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # heads contiguous
+        out = torch.empty((b, n_heads, hd), dtype=q.dtype, device=q.device)  # heads contiguous
+        cos, sin, slots = new if new is not None else (q, q, context_lens)
+        fp8 = pool.dtype == torch.float8_e4m3fn
         _partial[(self.n_kv, b, parts)](
             q, pool, tables, context_lens, self.acc, self.m, self.l, self.counters, out,
-            hd**-0.5, q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), pool.stride(2),
-            tables.stride(0), context_lens.stride(0), out.stride(0),
+            hd**-0.5, cos, sin, slots, q.stride(0), q.stride(1), pool.stride(0), pool.stride(1),
+            pool.stride(2), tables.stride(0), context_lens.stride(0), out.stride(0),
+            cos.stride(0), slots.stride(0),
             H=n_heads, KV=self.n_kv, GROUP=self.group,
             GROUP_PAD=max(16, triton.next_power_of_2(self.group)),
             GP=triton.next_power_of_2(self.group), D=hd, BLOCK=self.block_size,
             PART_BLOCKS=part_blocks, PARTS=parts, TILE=tile, DYNAMIC=tiling.dynamic,
-            KV_FP8=pool.dtype == torch.float8_e4m3fn, num_warps=tiling.warps,
-            num_stages=tiling.stages, CHUNK=16 if tiling.warps >= 4 else 8,
+            KV_FP8=fp8, num_warps=tiling.warps, num_stages=tiling.stages,
+            CHUNK=16 if tiling.warps >= 4 else 8, NEW=new is not None,
+            KV_LIMIT=torch.finfo(pool.dtype).max if pool.dtype.itemsize == 1 else 0.0,
         )  # fmt: skip
         return out

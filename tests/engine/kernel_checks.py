@@ -81,6 +81,56 @@ def check_paged_decode() -> None:
             sys.exit(1)
 
 
+def check_paged_decode_new_token() -> None:
+    """attend_new (Q and K rotated, K/V stored, the new token weighed in) against RoPE + store,
+    then attention over the stored pool: the two launches a decode step made before."""
+    from engine.kernels import fused
+    from engine.kernels.paged_decode import PagedDecode, Tiling
+
+    torch.manual_seed(1)
+    b, heads, kv_heads, hd, bs, blocks = 5, 9, 3, 64, 16, 60
+    cpu = torch.device("cpu")
+    # 1: the new token alone; 16: the last of a block; 65: the first of a second partition of
+    # 4 blocks (no pooled token in it); 37, 130: inside one.
+    ctx = torch.tensor([1, 16, 65, 37, 130])
+    order = torch.randperm(blocks)
+    tables = torch.zeros(b, 16, dtype=torch.int64)
+    used = 0
+    for i in range(b):
+        n = math.ceil(int(ctx[i]) / bs)
+        tables[i, :n] = order[used : used + n]
+        used += n
+    new_pos = ctx - 1
+    slots = tables[torch.arange(b), new_pos // bs] * bs + new_pos % bs
+    angles = torch.rand(b, hd // 2) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    kernels = {
+        "partitions of 4 blocks": PagedDecode(b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=4),
+        "one partition, 4 blocks a tile": PagedDecode(
+            b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=32, tiling=Tiling(64, 4, True)
+        ),
+        "static tiles": PagedDecode(
+            b, heads, kv_heads, hd, bs, 512, cpu, part_blocks=4, tiling=Tiling(32, 4, False)
+        ),
+    }
+    for dtype in (torch.float32, torch.float8_e4m3fn):
+        for name, kernel in kernels.items():
+            pool = torch.randn(blocks * bs, 2, kv_heads, hd).to(dtype)
+            qkv = torch.randn(b, heads + 2 * kv_heads, hd)
+            qkv[0, heads + kv_heads, 0] = 1000.0  # saturates in an fp8 pool
+            want_pool, rotated = pool.clone(), qkv.clone()
+            fused.rope_and_store(rotated, cos, sin, want_pool, slots, heads, kv_heads)
+            want = kernel(rotated[:, :heads], want_pool, tables, ctx)
+            got = kernel.attend_new(qkv, cos, sin, slots, pool, tables, ctx)
+            err = float((got - want).abs().max())
+            stored = torch.equal(pool.float(), want_pool.float())
+            print(f"paged decode, new token rotated and stored ({name}, {dtype}): "
+                  f"max error {err:.2e}, pool {'equal' if stored else 'DIFFERS'}")  # fmt: skip
+            if err > (1e-5 if dtype == torch.float32 else 2e-3) or not stored:
+                sys.exit(1)
+            assert not kernel.counters.any()
+
+
 def check_w8a16() -> None:
     from engine.kernels.w8a16 import w8a16_matmul
 
@@ -377,6 +427,51 @@ def check_rope_attention() -> None:
             sys.exit(1)
 
 
+def check_model_fused_decodes() -> None:
+    """The model's decode-only step with attention rotating and storing the new tokens
+    (AttentionMetadata.fused_decodes, as CUDA graphs run it) against RoPE + store first."""
+    from engine.attention import build_metadata
+    from engine.config import ModelConfig
+    from engine.kernels.paged_decode import PagedDecode
+    from engine.kv_cache import KVCache
+    from engine.model import Transformer
+    from engine.rope import inverse_frequencies
+
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+        rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=128, tie_embeddings=False,
+    )  # fmt: skip
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        model.inv_freq.copy_(inverse_frequencies(config.head_dim, config.rope_theta))
+    cpu, bs = torch.device("cpu"), 4
+    tables = [[5, 2, 9, 11, 3], [7, 1, 12, 14, 0]]
+    lengths = [7, 4]
+    kernel = PagedDecode(2, 4, 2, config.head_dim, bs, 128, cpu, part_blocks=1)
+    kv, want_kv = (KVCache(config, 16, bs, torch.float32, cpu) for _ in range(2))
+    prompts = [torch.randint(0, 300, (n,)) for n in lengths]
+    with torch.inference_mode():
+        for cache in (kv, want_kv):  # the same prompts into both caches
+            for prompt, table in zip(prompts, tables, strict=True):
+                n = len(prompt)
+                model(prompt, torch.arange(n), build_metadata([0], [n], [table], bs, cpu), cache)
+        for step in range(3):  # the second sequence's first new position opens a block
+            positions = [n + step for n in lengths]
+            tokens = torch.tensor([p * 7 % 300 for p in positions])
+            meta = build_metadata(positions, [1, 1], tables, bs, cpu, kernel)
+            want = model(tokens, torch.tensor(positions), meta, want_kv)
+            assert meta.fused_decodes is None and meta.decodes is not None
+            meta.decodes.new_tokens = kernel  # type: ignore[attr-defined]
+            assert meta.fused_decodes is not None
+            got = model(tokens, torch.tensor(positions), meta, kv)
+            err = max(float((got - want).abs().max()), float((kv.pool - want_kv.pool).abs().max()))
+            print(f"model, decodes rotated and stored by attention, step {step}: "
+                  f"max error {err:.2e}")  # fmt: skip
+            if err > 1e-5:
+                sys.exit(1)
+
+
 def check_row_decoder() -> None:
     import copy
 
@@ -438,6 +533,7 @@ def check_row_decoder() -> None:
 
 if __name__ == "__main__":
     check_paged_decode()
+    check_paged_decode_new_token()
     check_w8a16()
     check_fp8_rows()
     check_fused()
@@ -447,3 +543,4 @@ if __name__ == "__main__":
     check_rope_attention()
     check_greedy()
     check_row_decoder()
+    check_model_fused_decodes()

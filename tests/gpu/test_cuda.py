@@ -74,6 +74,48 @@ def test_paged_decode_kernel_matches_attention(tiling: tuple[int | bool, ...] | 
         assert rel(out[i], ref) < 2e-2
 
 
+@pytest.mark.parametrize("batch", [5, 256])  # four warps and three stages; two and two
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_paged_decode_rotates_and_stores_the_new_token(batch: int, kv_dtype: torch.dtype) -> None:
+    """attend_new, as decode graphs run it, against RoPE + K/V store, then attention: the same
+    pool bytes, and the same output to bf16's rounding."""
+    from engine.kernels import fused
+    from engine.kernels.paged_decode import PagedDecode
+
+    torch.manual_seed(0)
+    heads, kv_heads, hd, bs = 32, 8, 128, 16
+    ctx = torch.tensor([1, 17, 1025, 1000, 2047] * (batch // 5) + [640] * (batch % 5), device=CUDA)
+    blocks = int(sum(math.ceil(int(c) / bs) for c in ctx))
+    pool = torch.randn(blocks * bs, 2, kv_heads, hd, device=CUDA).to(kv_dtype)
+    order = torch.randperm(blocks, device=CUDA)
+    tables = torch.zeros(batch, 128, dtype=torch.int64, device=CUDA)
+    used = 0
+    for i in range(batch):
+        n = math.ceil(int(ctx[i]) / bs)
+        tables[i, :n] = order[used : used + n]
+        used += n
+    new = ctx - 1
+    slots = tables[torch.arange(batch, device=CUDA), new // bs] * bs + new % bs
+    angles = new[:, None].float() * 0.5 ** torch.arange(hd // 2, device=CUDA)[None, :]
+    cos = torch.cat([angles.cos()] * 2, -1).to(torch.bfloat16)
+    sin = torch.cat([angles.sin()] * 2, -1).to(torch.bfloat16)
+    qkv = torch.randn(batch, heads + 2 * kv_heads, hd, device=CUDA, dtype=torch.bfloat16)
+    kernel = PagedDecode(batch, heads, kv_heads, hd, bs, 2048, CUDA, kv_dtype=kv_dtype)
+    want_pool, rotated = pool.clone(), qkv.clone()
+    fused.rope_and_store(rotated, cos, sin, want_pool, slots, heads, kv_heads)
+    want = kernel(rotated[:, :heads], want_pool, tables, ctx)
+    got = kernel.attend_new(qkv, cos, sin, slots, pool, tables, ctx)
+    # The new slots hold the same values to a rounding step (the two kernels' fp32 RoPE may
+    # contract into FMAs differently); no other slot is touched.
+    step = 2**-7 if kv_dtype == torch.bfloat16 else 2**-3
+    torch.testing.assert_close(pool[slots].float(), want_pool[slots].float(), rtol=step, atol=1e-3)
+    others = torch.ones(len(pool), dtype=torch.bool, device=CUDA)
+    others[slots] = False
+    assert torch.equal(pool[others].view(torch.uint8), want_pool[others].view(torch.uint8))
+    assert rel(got, want) < 1e-2
+    assert not kernel.counters.any()
+
+
 @pytest.mark.parametrize("shape", [(1100, 256, 512), (2048, 14336, 4096)])
 def test_gate_up_with_silu_in_one_kernel_matches_fp32(shape: tuple[int, int, int]) -> None:
     """engine/kernels/swiglu_gemm.py: ragged rows (TMA clips the last tile) and the 8B shapes."""
