@@ -10,8 +10,9 @@ written out by that partition itself.
 
 `attend_new` also finishes the step's own token, which a decode-only step would otherwise hand
 to a RoPE + K/V store kernel first (engine/kernels/fused.py): each program rotates its Q heads,
-and the partition holding the new position rotates the new key, stores key and value into the
-pool, and weighs them in from registers. One launch a layer fewer, and no pass over Q/K/V.
+and the partition holding the new position rotates the new key and stores key and value into
+the pool before its loop reads them back. One launch a layer fewer, and the same bits as the
+two launches: RoPE written as fused.py writes it, the loop's sums in the same order.
 Shapes are fixed by the batch size alone, not by the contexts, so the launches can be captured
 in a CUDA graph: partitions past a sequence's end return at once.
 """
@@ -31,12 +32,14 @@ from engine.kernels.merge import merge_when_last
 # width), are plain arguments: one compiled kernel serves them all.
 @triton.jit
 def _rotated(row, d, cos, sin, mask, HALF: tl.constexpr, D: tl.constexpr):
-    """RoPE (rotate-half) of the rows at row + d, in fp32, rounded to their dtype as
-    engine/kernels/fused.py's RoPE rounds them: x cos + (-x[d + HALF] | x[d - HALF]) sin."""
+    """RoPE (rotate-half) of the rows at row + d: x cos - x[d + HALF] sin in the first half,
+    x cos + x[d - HALF] sin in the second, in fp32 and rounded to their dtype, written as
+    engine/kernels/fused.py writes them, so the compiler fuses the same multiply-adds and the
+    two kernels agree to the bit."""
     x = tl.load(row + d, mask=mask, other=0.0)
+    own = x.to(tl.float32)
     partner = tl.load(row + (d + HALF) % D, mask=mask, other=0.0).to(tl.float32)
-    sign = tl.where(d < HALF, -1.0, 1.0)
-    return (x.to(tl.float32) * cos + sign * partner * sin).to(x.dtype)
+    return tl.where(d < HALF, own * cos - partner * sin, own * cos + partner * sin).to(x.dtype)
 
 
 @triton.jit(do_not_specialize=["stride_tb", "stride_cb", "stride_rb", "stride_sb"])
@@ -70,10 +73,20 @@ def _partial(
         sin = tl.load(sin_ptr + b * stride_rb + d).to(tl.float32)
         q = _rotated(row + heads[:, None] * stride_qh, d[None, :], cos[None, :], sin[None, :],
                      hmask[:, None], D // 2, D)  # fmt: skip
-        pooled = ctx - 1  # the pool holds the positions before the new one
+        if s == parts - 1:  # the new position is this partition's last: its K/V into the pool
+            key = _rotated(row + (H + kvh) * stride_qh, d, cos, sin, d < D, D // 2, D)
+            value = tl.load(row + (H + KV + kvh) * stride_qh + d)
+            dest = pool_ptr + tl.load(slot_ptr + b * stride_sb) * stride_slot + kvh * stride_ph + d
+            if KV_LIMIT > 0:  # an fp8 pool: values as they are (scale 1), saturated, as fused.py
+                key = tl.clamp(key.to(tl.float32), -KV_LIMIT, KV_LIMIT)
+                value = tl.clamp(value.to(tl.float32), -KV_LIMIT, KV_LIMIT)
+            tl.store(dest, key.to(pool_ptr.dtype.element_ty))
+            tl.store(dest + stride_kv, value.to(pool_ptr.dtype.element_ty))
+            # Every thread of the program sees the stores before the loop reads the pool: the
+            # new token is read back as the two-launch path reads it, so the sums are the same.
+            tl.debug_barrier()
     else:
         q = tl.load(row + heads[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
-        pooled = ctx
     if KV_FP8:  # e4m3 widens to fp16 in one instruction (to bf16 in several): products in fp16
         q = q.to(tl.float16)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -83,12 +96,10 @@ def _partial(
     first = s * PART
     # DYNAMIC: only the tiles that hold some of the context; else static bounds, tiles past the
     # context masked.
-    tiles = tl.cdiv(tl.minimum(pooled - first, PART), TILE) if DYNAMIC else PART // TILE
-    if NEW and not DYNAMIC:  # a partition of the new token alone: no tile, whose max is -inf
-        tiles = tl.where(pooled > first, tiles, 0)
+    tiles = tl.cdiv(tl.minimum(ctx - first, PART), TILE) if DYNAMIC else PART // TILE
     for j in range(tiles):
         tok = first + j * TILE + offs
-        valid = tok < pooled
+        valid = tok < ctx
         block_id = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
         slot = block_id.to(tl.int64) * BLOCK + tok % BLOCK
         base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
@@ -101,27 +112,6 @@ def _partial(
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
-    if NEW and s == parts - 1:  # the new position is this partition's last
-        key = _rotated(row + (H + kvh) * stride_qh, d, cos, sin, d < D, D // 2, D)
-        value = tl.load(row + (H + KV + kvh) * stride_qh + d)
-        dest = pool_ptr + tl.load(slot_ptr + b * stride_sb) * stride_slot + kvh * stride_ph + d
-        kv_type = pool_ptr.dtype.element_ty
-        if KV_LIMIT > 0:  # an fp8 pool: values as they are (scale 1), saturated, as fused.py
-            key = tl.clamp(key.to(tl.float32), -KV_LIMIT, KV_LIMIT)
-            value = tl.clamp(value.to(tl.float32), -KV_LIMIT, KV_LIMIT)
-        key, value = key.to(kv_type), value.to(kv_type)
-        tl.store(dest, key)
-        tl.store(dest + stride_kv, value)
-        # Weighed in as the loop would have read them back from the pool.
-        k = key.to(q.dtype).to(tl.float32)
-        score = tl.sum(q.to(tl.float32) * k[None, :], 1) * scale  # (GROUP_PAD,)
-        m_new = tl.maximum(m_i, score)
-        p = tl.exp(score - m_new)
-        alpha = tl.exp(m_i - m_new)  # 0 where the partition held no pooled token
-        l_i = l_i * alpha + p
-        v = value.to(q.dtype).to(tl.float32)
-        acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * v[None, :]
         m_i = m_new
     if parts == 1:  # the context's only partition: this is the output
         out = out_ptr + b * stride_ob + heads[:, None] * D + d[None, :]
