@@ -88,8 +88,8 @@ class DecodeGraphs:
             device,
             kv_dtype=kv.pool.dtype,
         )
-        # Many-row buckets: attention rotates and stores each row's new token itself (False:
-        # a RoPE + store kernel before it, which benchmarks compare against).
+        # Many-row buckets: attention rotates and stores each row's new token itself (False, then
+        # `recapture`: a RoPE + store kernel before it, which bench/new_token_fusion.py compares).
         self.fuse_new_tokens = True
         # The batch-1 bucket through fused kernels where the model's weights allow.
         self.row = RowDecoder.for_model(model, kv)
@@ -107,7 +107,12 @@ class DecodeGraphs:
         kernels; benchmarks compare the two."""
         self.row = RowDecoder.for_model(self.model, self.kv) if on else None
         if 1 in self.graphs:
-            self.graphs[1] = self._capture(1, torch.cuda.graph_pool_handle())
+            self.recapture(1)
+
+    def recapture(self, size: int) -> None:
+        """Capture bucket `size`'s graph again, after a setting benchmarks compare changed
+        (`fuse_new_tokens`, the row kernels)."""
+        self.graphs[size] = self._capture(size, torch.cuda.graph_pool_handle())
 
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
