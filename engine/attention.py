@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.upload import to_device
+
+if TYPE_CHECKING:  # imports Triton
+    from engine.kernels.paged_decode import PagedDecode
 
 
 @dataclass
@@ -74,22 +77,6 @@ class GatherDecode:
         return o[:, :, 0, :]
 
 
-class NewTokenKernel(Protocol):
-    """A decode kernel that also finishes each row's own token (engine/kernels/paged_decode.py's
-    `attend_new`): rotates Q and K, stores K and V at `slots`, attends."""
-
-    def attend_new(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slots: torch.Tensor,
-        pool: torch.Tensor,
-        tables: torch.Tensor,
-        context_lens: torch.Tensor,
-    ) -> torch.Tensor: ...
-
-
 @dataclass
 class KernelDecode:
     """Decode attention by a paged kernel reading the pool through block tables (CUDA)."""
@@ -100,25 +87,10 @@ class KernelDecode:
     kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     # Set where a step of decodes alone hands attention its Q/K/V as the QKV product left them
     # (CUDA graphs): no RoPE + store launch before it.
-    new_tokens: NewTokenKernel | None = None
+    new_tokens: PagedDecode | None = None
 
     def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
         return self.kernel(q, pool, self.tables, self.context_lens)
-
-    def attend_new(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slots: torch.Tensor,
-        pool: torch.Tensor,
-    ) -> torch.Tensor:
-        """qkv (B, n_heads + 2 n_kv, hd) as the QKV product left it → (B, n_heads, hd), each
-        row's K/V stored at `slots` on the way (`new_tokens` must be set)."""
-        assert self.new_tokens is not None
-        return self.new_tokens.attend_new(
-            qkv, cos, sin, slots, pool, self.tables, self.context_lens
-        )
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)

@@ -75,7 +75,10 @@ class Attention(nn.Module):
         fused = meta.fused_decodes
         if fused is not None:
             assert rope is not None, "a step whose attention rotates its tokens needs their angles"
-            heads = fused.attend_new(qkv, *rope, meta.slot_mapping, kv_pool)
+            assert fused.new_tokens is not None  # for the type checker: fused_decodes said so
+            heads = fused.new_tokens.attend_new(
+                qkv, *rope, meta.slot_mapping, kv_pool, fused.tables, fused.context_lens
+            )
             return heads if out is None else out.copy_(heads)
         h, kv = self.n_heads, self.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + kv], qkv[:, h + kv :]  # (T, heads, hd) each

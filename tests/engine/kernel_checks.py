@@ -8,8 +8,22 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
 import torch
+
+
+def scattered_tables(ctx: torch.Tensor, bs: int, blocks: int, width: int) -> torch.Tensor:
+    """Block tables (len(ctx), width) holding each context in distinct blocks of a pool of
+    `blocks`, taken in random order."""
+    order = torch.randperm(blocks, device=ctx.device)
+    tables = torch.zeros(len(ctx), width, dtype=torch.int64, device=ctx.device)
+    used = 0
+    for i, c in enumerate(ctx.tolist()):
+        n = math.ceil(c / bs)
+        tables[i, :n] = order[used : used + n]
+        used += n
+    return tables
 
 
 def check_paged_decode() -> None:
@@ -19,13 +33,7 @@ def check_paged_decode() -> None:
     b, heads, kv_heads, hd, bs, blocks = 4, 9, 3, 64, 16, 60
     pool = torch.randn(blocks * bs, 2, kv_heads, hd)
     ctx = torch.tensor([1, 16, 37, 300])
-    order = torch.randperm(blocks)
-    tables = torch.zeros(b, 32, dtype=torch.int64)
-    used = 0
-    for i in range(b):
-        n = math.ceil(int(ctx[i]) / bs)
-        tables[i, :n] = order[used : used + n]
-        used += n
+    tables = scattered_tables(ctx, bs, blocks, 32)
     q = torch.randn(b, heads, hd)
     # Context lengths as a strided column, as CUDA graphs keep them.
     rows = torch.zeros(b, 3, dtype=torch.int64)
@@ -93,13 +101,7 @@ def check_paged_decode_new_token() -> None:
     # 1: the new token alone; 16: the last of a block; 65: the first of a second partition of
     # 4 blocks (no pooled token in it); 37, 130: inside one.
     ctx = torch.tensor([1, 16, 65, 37, 130])
-    order = torch.randperm(blocks)
-    tables = torch.zeros(b, 16, dtype=torch.int64)
-    used = 0
-    for i in range(b):
-        n = math.ceil(int(ctx[i]) / bs)
-        tables[i, :n] = order[used : used + n]
-        used += n
+    tables = scattered_tables(ctx, bs, blocks, 16)
     new_pos = ctx - 1
     slots = tables[torch.arange(b), new_pos // bs] * bs + new_pos % bs
     angles = torch.rand(b, hd // 2) * 6
@@ -427,17 +429,12 @@ def check_rope_attention() -> None:
             sys.exit(1)
 
 
-def check_model_fused_decodes() -> None:
-    """The model's decode-only step with attention rotating and storing the new tokens
-    (AttentionMetadata.fused_decodes, as CUDA graphs run it) against RoPE + store first."""
-    from engine.attention import build_metadata
+def tiny_llama() -> tuple[Any, Any]:
+    """A two-layer LLaMA of random weights (GQA, 4 heads on 2) and its config."""
     from engine.config import ModelConfig
-    from engine.kernels.paged_decode import PagedDecode
-    from engine.kv_cache import KVCache
     from engine.model import Transformer
     from engine.rope import inverse_frequencies
 
-    torch.manual_seed(0)
     config = ModelConfig(
         vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
         rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=128, tie_embeddings=False,
@@ -445,6 +442,18 @@ def check_model_fused_decodes() -> None:
     model = Transformer(config).eval()
     with torch.no_grad():
         model.inv_freq.copy_(inverse_frequencies(config.head_dim, config.rope_theta))
+    return config, model
+
+
+def check_model_fused_decodes() -> None:
+    """The model's decode-only step with attention rotating and storing the new tokens
+    (AttentionMetadata.fused_decodes, as CUDA graphs run it) against RoPE + store first."""
+    from engine.attention import build_metadata
+    from engine.kernels.paged_decode import PagedDecode
+    from engine.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    config, model = tiny_llama()
     cpu, bs = torch.device("cpu"), 4
     tables = [[5, 2, 9, 11, 3], [7, 1, 12, 14, 0]]
     lengths = [7, 4]
@@ -478,24 +487,16 @@ def check_row_decoder() -> None:
     from torch import nn
 
     from engine.attention import build_metadata
-    from engine.config import ModelConfig
     from engine.kv_cache import KVCache
-    from engine.model import Transformer
     from engine.quant import Int8Linear, quantize_int8
-    from engine.rope import inverse_frequencies
     from engine.row_decode import RowDecoder
 
     torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-        rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=128, tie_embeddings=False,
-    )  # fmt: skip
-    model = Transformer(config).eval()
+    config, model = tiny_llama()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(0.1 * torch.randn_like(param))
-        model.inv_freq.copy_(inverse_frequencies(config.head_dim, config.rope_theta))
     # Int8 weights against the model whose weights are exactly their values, q * scale.
     int8 = copy.deepcopy(model)
     quantize_int8(int8)

@@ -31,6 +31,19 @@ def l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def scattered_tables(ctx: torch.Tensor, bs: int, blocks: int, width: int) -> torch.Tensor:
+    """Block tables (len(ctx), width) holding each context in distinct blocks, in random order
+    (as tests/engine/kernel_checks.py builds them for the interpreter)."""
+    order = torch.randperm(blocks, device=ctx.device)
+    tables = torch.zeros(len(ctx), width, dtype=torch.int64, device=ctx.device)
+    used = 0
+    for i, c in enumerate(ctx.tolist()):
+        n = math.ceil(c / bs)
+        tables[i, :n] = order[used : used + n]
+        used += n
+    return tables
+
+
 @pytest.mark.parametrize(
     "tiling",
     [
@@ -49,13 +62,7 @@ def test_paged_decode_kernel_matches_attention(tiling: tuple[int | bool, ...] | 
     b, heads, kv_heads, hd, bs, blocks = 5, 32, 8, 128, 16, 400
     pool = torch.randn(blocks * bs, 2, kv_heads, hd, device=CUDA, dtype=torch.bfloat16)
     ctx = torch.tensor([1, 17, 300, 1000, 2047], device=CUDA)
-    order = torch.randperm(blocks, device=CUDA)
-    tables = torch.zeros(b, 128, dtype=torch.int64, device=CUDA)
-    used = 0
-    for i in range(b):
-        n = math.ceil(int(ctx[i]) / bs)
-        tables[i, :n] = order[used : used + n]
-        used += n
+    tables = scattered_tables(ctx, bs, blocks, 128)
     q = torch.randn(b, heads, hd, device=CUDA, dtype=torch.bfloat16)
     if tiling is None:  # the defaults
         kernel = PagedDecode(8, heads, kv_heads, hd, bs, 2048, CUDA)
@@ -88,13 +95,7 @@ def test_paged_decode_rotates_and_stores_the_new_token(batch: int, kv_dtype: tor
     ctx = torch.tensor([1, 17, 1025, 1000, 2047] * (batch // 5) + [640] * (batch % 5), device=CUDA)
     blocks = int(sum(math.ceil(int(c) / bs) for c in ctx))
     pool = torch.randn(blocks * bs, 2, kv_heads, hd, device=CUDA).to(kv_dtype)
-    order = torch.randperm(blocks, device=CUDA)
-    tables = torch.zeros(batch, 128, dtype=torch.int64, device=CUDA)
-    used = 0
-    for i in range(batch):
-        n = math.ceil(int(ctx[i]) / bs)
-        tables[i, :n] = order[used : used + n]
-        used += n
+    tables = scattered_tables(ctx, bs, blocks, 128)
     new = ctx - 1
     slots = tables[torch.arange(batch, device=CUDA), new // bs] * bs + new % bs
     angles = new[:, None].float() * 0.5 ** torch.arange(hd // 2, device=CUDA)[None, :]
