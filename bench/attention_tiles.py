@@ -19,12 +19,11 @@ import argparse
 import functools
 import itertools
 import json
-import os
-from pathlib import Path
 
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
+from bench.cli import json_option
 from engine.kernels.paged_decode import PagedDecode, Tiling
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT = 32, 8, 128, 16, 8192
@@ -34,9 +33,7 @@ KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "attention.json"
-    )
+    json_option(parser, "attention.json")
     args = parser.parse_args()
     cuda = torch.device("cuda")
     slots = sum(n * (-(-ctx // BLOCK)) for n, ctx in CASES) * BLOCK

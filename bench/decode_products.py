@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +21,7 @@ import triton
 import triton.language as tl
 
 from bench import cublaslt
+from bench.cli import json_option
 from bench.gpu_measure import copy_bandwidth, matmul_rate
 from bench.row_tiles import L2_PASS, graph_seconds
 
@@ -181,9 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="16,64,128,256")
     parser.add_argument("--kernels", default="cublas,lt,triton", help="families to time")
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "decode_products.json"
-    )
+    json_option(parser, "decode_products.json")
     args = parser.parse_args()
     bandwidth, rate = copy_bandwidth(), matmul_rate()
     print(

@@ -16,7 +16,6 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from bench.cli import tandem_home
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("bench/engine.json"))
     args = parser.parse_args()
 
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     path = registry.resolve(args.model, home)
     batches = [int(b) for b in args.batches.split(",")]
     needed = max(batches) * -(-(args.context + args.decode_steps + 3) // 16)

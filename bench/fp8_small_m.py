@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.cli import json_option
 from bench.row_tiles import DIM, FFN, L2_PASS, QKV, graph_seconds
 from engine.kernels.fp8_rows import rows_to_fp8
 from engine.kernels.w8a16 import FP8_SMALL_M, w8a16_matmul
@@ -35,9 +34,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "fp8_small_m.json"
-    )
+    json_option(parser, "fp8_small_m.json")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}; FP8_SMALL_M = {FP8_SMALL_M} today")
     print(f"{'shape':<8} {'rows':>5} {'weight-only µs':>15} {'FP8 GEMM µs':>12} {'faster':>10}")

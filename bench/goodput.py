@@ -19,7 +19,6 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
 import shlex
 import tempfile
 import urllib.request
@@ -29,6 +28,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.cli import json_option
 from harness.pipeline import pipeline
 from services.cli import main as tandem
 
@@ -187,9 +187,7 @@ def main() -> None:
     parser.add_argument(
         "--workload", choices=sorted(WORKLOADS), action="append", help="only these (default: all)"
     )
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "goodput.json"
-    )
+    json_option(parser, "goodput.json")
     args = parser.parse_args()
     flags = ["--model", args.model, "--device", args.device, "--max-num-seqs", "256"]
     if args.device == "cuda":

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import gc
 import json
-import os
 import platform
 import tempfile
 import time
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch
 
+from bench.cli import json_option, tandem_home
 from bench.gpu_measure import (
     batch1_decode,
     copy_bandwidth,
@@ -498,9 +498,7 @@ def run_pipeline(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "gpu.json"
-    )
+    json_option(parser, "gpu.json")
     parser.add_argument("--quick", action="store_true", help="fewer steps, smaller batches")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument(
@@ -515,7 +513,7 @@ def main() -> None:
     parser.add_argument("--skip-smollm", action="store_true")
     parser.add_argument("--skip-8b", action="store_true", help="only the default model's rows")
     args = parser.parse_args()
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     steps = 32 if args.quick else 128
     out_len = 64 if args.quick else 256
     concurrencies = [8, 64] if args.quick else [8, 64, 256]

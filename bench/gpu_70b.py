@@ -21,7 +21,6 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from bench.cli import json_option
 from bench.gpu_measure import batch1_decode, copy_bandwidth, graph_only, weight_bytes
 from engine import registry
 from engine.engine import Engine
@@ -181,9 +181,7 @@ def products(engine: Engine, row_decoder: RowDecoder) -> dict[str, Callable[...,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "gpu_70b.json"
-    )
+    json_option(parser, "gpu_70b.json")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--sweep-seconds", type=float, default=60.0, help="0: no tile sweep")
     args = parser.parse_args()

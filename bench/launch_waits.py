@@ -19,7 +19,6 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
 import time
 import traceback
 import warnings
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from bench.cli import json_option, tandem_home
 from bench.gpu_measure import random_prompt
 from engine import registry
 from engine.batch import SeqInput
@@ -87,11 +87,9 @@ def syncs_in_submit(engine: Engine, batch: list[SeqInput]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama3-8b-random")
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "launch_waits.json"
-    )
+    json_option(parser, "launch_waits.json")
     args = parser.parse_args()
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     engine = Engine.from_path(
         registry.resolve(args.model, home), "cuda", "bfloat16", kv_cache_bytes=16 << 30,
         progress=False, max_num_seqs=256,

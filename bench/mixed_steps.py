@@ -16,13 +16,13 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench.cli import json_option, tandem_home
 from bench.gpu_measure import random_prompt
 from engine import registry
 from engine.batch import SeqInput
@@ -78,13 +78,11 @@ def measure(engine: Engine, rows: list[SeqInput], repeats: int = 7) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama3-8b-random", help="a registry name or a path")
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "mixed_steps.json"
-    )
+    json_option(parser, "mixed_steps.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench.mixed_steps compares CUDA graphs with eager launches: it needs a GPU")
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     path = Path(args.model) if Path(args.model).exists() else registry.resolve(args.model, home)
     engine = Engine.from_path(
         path, "cuda", "bfloat16", kv_cache_bytes=40 << 30, progress=False, max_num_seqs=256

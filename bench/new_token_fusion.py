@@ -16,12 +16,11 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.cli import json_option, tandem_home
 from bench.gpu_measure import random_prompt, timed
 from engine import registry
 from engine.batch import SeqInput
@@ -37,16 +36,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 64, 256],
                         help="graph sizes (buckets) to compare")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="each variant in turn, this often")
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=Path(os.environ.get("OUT", "bench")) / "new_token_fusion.json",
-        help="where the numbers go (default: $OUT or bench/, new_token_fusion.json)",
-    )
+    json_option(parser, "new_token_fusion.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.new_token_fusion times CUDA graphs: it needs a CUDA GPU")
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     engine = Engine.from_path(
         registry.resolve(args.model, home), "cuda", "bfloat16", kv_cache_bytes=48 << 30,
         progress=False, max_num_seqs=max(args.rows), warm_up_tokens=None,

@@ -31,6 +31,7 @@ import torch
 from grpc import aio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from bench.cli import tandem_home
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -287,7 +288,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.scenarios, args.output_len = "1x2,8x8", 16
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     path = registry.resolve(args.model, home)
     tokenizer = load_tokenizer(path)
     base = tokenizer.encode(TEXT * 20, allow_special=False)

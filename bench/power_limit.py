@@ -18,7 +18,6 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from bench.cli import json_option, tandem_home
 from bench.gpu import ttft
 from bench.gpu_measure import held_matmul_rates, matmul_rate
 from engine import registry
@@ -81,12 +81,10 @@ def sampling(path: Path) -> Iterator[None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "power_limit.json"
-    )
+    json_option(parser, "power_limit.json")
     parser.add_argument("--seconds", type=float, default=8.0, help="how long the rate is held")
     args = parser.parse_args()
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     log = args.json.with_suffix(".csv")
     phases: list[tuple[str, float, float, str]] = []

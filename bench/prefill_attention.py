@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.cli import json_option
 from bench.row_tiles import graph_seconds
 from engine.kernels.prefill_attention import prefill_attention
 
@@ -79,9 +78,7 @@ def measure(model: str, length: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "prefill_attention.json"
-    )
+    json_option(parser, "prefill_attention.json")
     args = parser.parse_args()
     print(torch.cuda.get_device_name())
     print(f"{'heads':<8} {'length':>6} {'kernel':<30} {'µs':>9} {'TFLOP/s':>8} {'max err':>8}")

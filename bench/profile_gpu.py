@@ -24,16 +24,15 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.cli import json_option, tandem_home
 from bench.gpu_measure import prefill_params, weight_bytes
 from engine import registry
 from engine.batch import SeqInput
@@ -109,15 +108,13 @@ def profiled(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama3-8b-random")
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "profile.json"
-    )
+    json_option(parser, "profile.json")
     parser.add_argument(
         "--rest", type=float, default=0.0, help="idle seconds before each step (an idle card)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="steps timed and profiled a case")
     args = parser.parse_args()
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     engine = Engine.from_path(
         registry.resolve(args.model, home),
         "cuda",

@@ -22,7 +22,6 @@ import argparse
 import gc
 import itertools
 import json
-import os
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.cli import json_option, tandem_home
 from bench.gpu_measure import copy_bandwidth, random_prompt
 from bench.profile_gpu import kind_of
 from engine import registry
@@ -160,16 +160,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="*", default=[64, 256],
                         help="many-row graph sizes to profile (none: batch 1 only)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5, help="graph replays profiled")
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=Path(os.environ.get("OUT", "bench")) / "profile_graphs.json",
-        help="where the numbers go (default: $OUT or bench/, profile_graphs.json)",
-    )
+    json_option(parser, "profile_graphs.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.profile_graphs profiles CUDA graphs: it needs a CUDA GPU")
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     path = registry.resolve(args.model, home)
     copy = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e12:.2f} TB/s, context {args.context}")

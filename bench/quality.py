@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.cli import tandem_home
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     out = args.json or Path(os.environ.get("OUT", "bench")) / f"RESULTS-quality-{args.device}.json"
-    home = Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
+    home = tandem_home()
     path = registry.resolve(args.model, home)
     tokenizer = load_tokenizer(path)
     prompts = [tokenizer.encode_chat(m) for m in PROMPTS]

@@ -11,12 +11,11 @@ import argparse
 import functools
 import itertools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.cli import json_option
 from bench.gpu_measure import copy_bandwidth
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.row_gemv import NORM, PLAIN, RESIDUAL, STORE, SWIGLU, _tile, row_gemv
@@ -115,9 +114,7 @@ def measure(name: str, fmt: str, bandwidth: float) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--formats", default="bf16,int8,fp8")
-    parser.add_argument(
-        "--json", type=Path, default=Path(os.environ.get("OUT", "bench")) / "row_tiles.json"
-    )
+    json_option(parser, "row_tiles.json")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s")

@@ -15,6 +15,7 @@ import torch
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
+from tests.engine.kernel_checks import scattered_tables
 
 if TYPE_CHECKING:  # imports Triton
     from engine.cuda_graphs import GraphOutputs
@@ -29,19 +30,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-def scattered_tables(ctx: torch.Tensor, bs: int, blocks: int, width: int) -> torch.Tensor:
-    """Block tables (len(ctx), width) holding each context in distinct blocks, in random order
-    (as tests/engine/kernel_checks.py builds them for the interpreter)."""
-    order = torch.randperm(blocks, device=ctx.device)
-    tables = torch.zeros(len(ctx), width, dtype=torch.int64, device=ctx.device)
-    used = 0
-    for i, c in enumerate(ctx.tolist()):
-        n = math.ceil(c / bs)
-        tables[i, :n] = order[used : used + n]
-        used += n
-    return tables
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,23 @@
+"""What the benchmarks' command lines share: where their JSON goes, where model files are."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def json_option(parser: argparse.ArgumentParser, filename: str) -> None:
+    """--json PATH, by default `filename` under $OUT (the device machine's output folder) or
+    bench/."""
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path(os.environ.get("OUT", "bench")) / filename,
+        help=f"where the numbers go (default: $OUT or bench/, {filename})",
+    )
+
+
+def tandem_home() -> Path:
+    """Where model files are cached: $TANDEM_HOME, else ~/.cache/tandem (as the CLI has it)."""
+    return Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()
