@@ -177,14 +177,18 @@ def decode_steps(
 ) -> float:
     """Tokens/s of decode steps alone with n sequences at `context` tokens: the step the step
     roofline describes, without the prefills and scheduling of a whole workload around it.
-    One step at a time (the median step), or `overlapped` as the worker runs them: each step
-    submitted before the one before it is collected (the mean over all steps)."""
-    blocks = -(-(context + steps + 1) // engine.block_size)
+    The steps' contexts grow one token a step, centred on `context` (their mean is context +
+    0.5), so the roofline's KV bytes are the ones they read. One step at a time (the median
+    step), or `overlapped` as the worker runs them: each step submitted before the one before
+    it is collected (the mean over all steps)."""
+    prompt = context - steps // 2
+    blocks = -(-(prompt + steps + 1) // engine.block_size)
     seqs = [(f"s{i}", list(range(i * blocks, (i + 1) * blocks))) for i in range(n)]
+    vocab = engine.config.vocab_size
     for first in range(0, n, 8):  # prefill in groups: bounded activations
         engine.step(
             [
-                SeqInput(seq_id, random_prompt(context, engine.config.vocab_size, 200 + i), 0, t)
+                SeqInput(seq_id, random_prompt(prompt, vocab, 200 + i), 0, t)
                 for i, (seq_id, t) in enumerate(seqs[first : first + 8], start=first)
             ]
         )
@@ -193,7 +197,7 @@ def decode_steps(
         pending = None
         for step in range(steps):
             token = FROM_LAST_STEP if step else 1  # the prefills sampled in groups
-            batch = [SeqInput(s, [token], context + step, t) for s, t in seqs]
+            batch = [SeqInput(s, [token], prompt + step, t) for s, t in seqs]
             queued = engine.submit(batch)
             if pending is not None:
                 engine.collect(pending)
@@ -205,7 +209,7 @@ def decode_steps(
     tokens = [1] * n
     times = []
     for step in range(steps):
-        batch = [SeqInput(s, [tokens[i]], context + step, t) for i, (s, t) in enumerate(seqs)]
+        batch = [SeqInput(s, [tokens[i]], prompt + step, t) for i, (s, t) in enumerate(seqs)]
         start = time.perf_counter()
         tokens = [o.token_id for o in engine.step(batch)]  # one host sync inside
         times.append(time.perf_counter() - start)

@@ -4,13 +4,15 @@ token through the layers but only its sampled row through the head."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from bench.gpu_measure import prefill_params, weight_bytes
 from bench.serving import workload_floor
-from engine.engine import Engine
+from engine.batch import SeqInput
+from engine.engine import Engine, Submitted
 from tests.engine.conftest import TINY, write_tiny_checkpoint
 
 HIDDEN, FFN, LAYERS, VOCAB = 64, 160, 2, 320
@@ -83,3 +85,23 @@ def test_a_row_shows_its_ratio_to_the_burst_floor_and_the_sustained_one(
     assert printed[0].endswith("1.25x floor (sustained: 1.11x)")
     assert printed[1].endswith("80.0% (sustained: 88.9%)")
     assert printed[2].endswith("80.0%")
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["one at a time", "overlapped"])
+def test_decode_steps_read_on_average_the_context_their_roofline_counts(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, overlapped: bool
+) -> None:
+    from bench import gpu
+
+    attended: list[int] = []  # positions a decode row attends over: its own and those before
+    submit = engine.submit  # engine.step submits too
+
+    def recording(batch: Sequence[SeqInput]) -> Submitted:
+        attended.extend(s.start_pos + 1 for s in batch if s.start_pos > 0)
+        return submit(batch)
+
+    monkeypatch.setattr(engine, "submit", recording)
+    gpu.decode_steps(engine, 2, 12, 8, overlapped)
+    assert len(attended) == 2 * 8
+    # bench/gpu.py's step roofline charges each sequence `context` tokens of K/V.
+    assert sum(attended) / len(attended) == 12.5
