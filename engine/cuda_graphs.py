@@ -222,15 +222,15 @@ class DecodeGraphs:
     def replay_next(self, batch: Sequence[SeqInput], tokens: torch.Tensor) -> StepAhead | None:
         """Replay, before anyone asks for it, the step after `batch`: each sequence one position
         on, fed its sampled token (`tokens`, on the device). None where a sequence's next
-        position opens a new block, or the model has no room for it.
+        position falls in a block its table does not hold yet, or past the model's length.
 
-        Its K/V land in the block the step before just wrote (so the sequence's own), at a
-        position nothing reads before a real step writes it: a step never asked for leaves no
-        trace."""
+        Its K/V land in a block of the sequence's own table (the scheduler hands out the next
+        block a step early where it can), at a position nothing reads before a real step
+        writes it: a step never asked for leaves no trace."""
         bs = self.block_size
         positions = [seq.start_pos + 1 for seq in batch]
-        for pos in positions:
-            if pos % bs == 0 or pos >= self.max_len:
+        for seq, pos in zip(batch, positions, strict=True):
+            if pos // bs >= len(seq.block_table) or pos >= self.max_len:
                 return None
         n = len(batch)
         # The tokens' column is overwritten on the device below.
@@ -266,7 +266,9 @@ class StepAhead:
     tokens: list[int] = field(default_factory=list)  # what the step before sampled, once known
 
     def matches(self, batch: Sequence[SeqInput]) -> bool:
-        """`batch` is the very step replayed: same sequences, positions, tokens and blocks."""
+        """`batch` is the very step replayed: same sequences, positions, tokens and blocks (a
+        table may have gained blocks past the ones replayed: the scheduler hands out the next
+        block a step early, and a step reads and writes no block past its position's)."""
         n = len(self.seq_ids)
         tokens = self.tokens or [FROM_LAST_STEP] * n  # not collected yet: known on the device only
         return (
@@ -278,7 +280,7 @@ class StepAhead:
                 and len(seq.token_ids) == 1
                 # FROM_LAST_STEP: what the step before sampled, which is what the replay took.
                 and seq.token_ids[0] in (token, FROM_LAST_STEP)
-                and list(seq.block_table) == table
+                and list(seq.block_table[: len(table)]) == table
                 for seq, seq_id, pos, token, table in zip(
                     batch, self.seq_ids, self.positions, tokens, self.tables, strict=True
                 )

@@ -66,7 +66,8 @@ class RequestState:
     block_table: tuple[int, ...] = ()
     # Tokens the blocks can hold: the hot loop's "does it need a block" test.
     capacity: int = 0
-    # min(capacity, last_pos): one test in the hot loop for "needs a block or is done".
+    # min(capacity - 1, last_pos): one test in the hot loop for "needs a block, is at its
+    # block's last slot (running.py takes the next block then, ahead), or is done".
     decode_limit: int = 0
     # Chained hashes of every full block of token_ids, extended as tokens arrive.
     block_hashes: list[bytes] = field(default_factory=list)
@@ -120,13 +121,13 @@ class RequestState:
         self.block_ids = block_ids
         self.block_table = tuple(block_ids)
         self.capacity = len(block_ids) * self.block_size
-        self.decode_limit = min(self.capacity, self.last_pos)
+        self.decode_limit = min(self.capacity - 1, self.last_pos)
 
     def add_block(self, block_id: int) -> None:
         self.block_ids.append(block_id)
         self.block_table += (block_id,)
         self.capacity += self.block_size
-        self.decode_limit = min(self.capacity, self.last_pos)
+        self.decode_limit = min(self.capacity - 1, self.last_pos)
 
     def extend_hashes(self) -> None:
         if not self.hash_blocks:

