@@ -76,6 +76,10 @@ class Summary:
     hop_p50_us: float = 0.0
     hop_p99_us: float = 0.0
     spans: int = 0  # exported while it ran (traced runs only)
+    # Tokens after each stream's first over the time from its first token to its last: the rate
+    # a stream decodes at, which the ITL percentiles estimate less well where the stream's
+    # tokens arrive unevenly around a steady rate.
+    decode_tokens_per_s: float = 0.0
 
 
 def pct(values: list[float], q: float) -> float:
@@ -89,6 +93,8 @@ def summarize(system: str, concurrency: int, lines: list[Timeline], wall: float)
     ttft = [(t.tokens[0] - t.start) * 1000 for t in lines if t.tokens]
     itl = [(b - a) * 1000 for t in lines for a, b in zip(t.tokens, t.tokens[1:], strict=False)]
     n = sum(len(t.tokens) for t in lines)
+    streams = [t.tokens for t in lines if t.tokens]
+    decoding = sum(tokens[-1] - tokens[0] for tokens in streams)
     return Summary(
         system,
         concurrency,
@@ -100,6 +106,7 @@ def summarize(system: str, concurrency: int, lines: list[Timeline], wall: float)
         pct(ttft, 0.99),
         pct(itl, 0.5),
         pct(itl, 0.99),
+        decode_tokens_per_s=(n - len(streams)) / decoding if decoding > 0 else 0.0,
     )
 
 
