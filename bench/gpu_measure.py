@@ -101,6 +101,13 @@ def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def batch1_decode(engine: Engine, prompt_len: int, steps: int) -> float:
+    """Tokens a second of one sequence decoding: one over the median step."""
+    times = sorted(batch1_steps(engine, prompt_len, steps))
+    return 1 / times[len(times) // 2]
+
+
+def batch1_steps(engine: Engine, prompt_len: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` decode steps of one sequence after a prompt of `prompt_len`."""
     ids = random_prompt(prompt_len, engine.config.vocab_size, 1)
     table = list(range(-(-(prompt_len + steps + 1) // engine.block_size)))
     token = engine.step([SeqInput("b1", ids, 0, table)])[0].token_id
@@ -110,8 +117,7 @@ def batch1_decode(engine: Engine, prompt_len: int, steps: int) -> float:
         token = engine.step([SeqInput("b1", [token], prompt_len + i, table)])[0].token_id
         times.append(time.perf_counter() - start)
     engine.release(["b1"])
-    times.sort()
-    return 1 / times[len(times) // 2]
+    return times
 
 
 def graph_only(engine: Engine, prompt_len: int, steps: int) -> float:
