@@ -86,3 +86,25 @@ def test_a_sequence_with_no_one_below_it_preempts_itself() -> None:
     assert names(plan.finished_seq_ids) == ["low0"]
     events += rig.run()
     assert tokens_of(events, "low0") == expected_tokens(low, 24)
+
+
+def test_a_block_handed_out_ahead_never_preempts() -> None:
+    # Blocks of 4; each request's prompt fills a block, its rows 4-7 the next, and its row 8
+    # needs a third. The row at 7 takes that block a step early only from the free list.
+    for pool, ahead in [(4, []), (5, ["r0"])]:
+        rig = create_rig(num_kv_blocks=pool, block_size=4)
+        rig.add(*create_requests(2, prompt_len=4, max_tokens=6))
+        while True:
+            plan, events = rig.step()
+            rows = {name(s.seq_id): s for s in plan.seqs}
+            if all(s.start_pos == 7 for s in rows.values()) and len(rows) == 2:
+                break
+            assert not of_type(events, Preempted)
+        # Only the free block went ahead, to the first row that could take it; nobody was
+        # preempted for a block no row of this step writes.
+        assert not of_type(events, Preempted)
+        assert sorted(r for r, s in rows.items() if len(s.block_table) == 3) == ahead
+        assert all(len(s.block_table) in (2, 3) for s in rows.values())
+        events += rig.run()
+        assert set(finished(events).values()) == {"length"}
+        assert rig.scheduler.stats().kv_blocks_used == 0
