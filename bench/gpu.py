@@ -13,6 +13,9 @@ matmul rate measured here); the pipeline's start-up, its workloads of 64 and 256
 warm) and batch-1 decode; INT8 weights; transformers `generate` (eager and static cache); and the
 default model SmolLM2. Prints one table and writes JSON.
 
+Each row also gets the SM clock and power the card ran at (`nvidia-smi` every 50 ms, from the row
+before it to its own end), printed as a second table: an H200 at its 700 W limit lowers its clock.
+
 The matmul rate is measured twice: in a 14 ms burst, and held for 8 s. Held, an H200 reaches its
 power limit and lowers its clock, so the rows whose floor counts prefill FLOPs (workloads, TTFT)
 show their ratio to both floors.
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 
 from bench.cli import json_option, tandem_home
+from bench.gpu_clock import Sample, between, parse_samples, sampling
 from bench.gpu_measure import (
     batch1_decode,
     batch1_steps,
@@ -58,6 +62,7 @@ from engine.engine import Engine
 from engine.random_weights import RandomWeights
 
 ROWS: list[dict[str, Any]] = []
+RATES: dict[str, float] = {}  # the hardware's, as measured at the start
 FLOORS: dict[int, float] = {}  # requests -> the 8B workload's floor, tok/s
 SUSTAINED_FLOORS: dict[int, float] = {}  # the same at the sustained matmul rate
 
@@ -112,6 +117,7 @@ def row(
             "ratio": ratio,
             **({"sustained_ceiling": sustained, "sustained_ratio": held} if sustained else {}),
             **extra,
+            "ended_at": time.time(),  # its window of the clock samples ends here
         }
     )
     print(f"{case:<34} {system:<26} {value:>10.1f} {unit:<8} {shown}", flush=True)
@@ -524,6 +530,44 @@ def main() -> None:
     parser.add_argument("--skip-smollm", action="store_true")
     parser.add_argument("--skip-8b", action="store_true", help="only the default model's rows")
     args = parser.parse_args()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    clock_log = args.json.with_suffix(".clock.csv")
+    with sampling(clock_log):
+        started = time.time()
+        measure(args)
+    samples = parse_samples(clock_log.read_text().splitlines()) if clock_log.exists() else []
+    show_clock(samples, started)
+    args.json.write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "host": platform.node(),
+                "date": time.strftime("%Y-%m-%d"),
+                **RATES,
+                "rows": ROWS,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.json}")
+
+
+def show_clock(samples: list[Sample], started: float) -> None:
+    """Each row's SM clock and power (nvidia-smi, every 50 ms) from the row before it to its own
+    end, into the row and as a table: where the power limit slowed the clock, it names it."""
+    if not samples:
+        return
+    print(f"\n{'case':<34} {'system':<26} {'SM MHz':>7} {'W':>5}  clock reasons")
+    for r, w in zip(ROWS, between(samples, started, [r["ended_at"] for r in ROWS]), strict=True):
+        r.update(w)
+        if w:
+            reasons = ", ".join(w["clock_reasons"]) or "none"
+            clock = f"{w['sm_mhz']:7.0f} {w['watts']:5.0f}"
+            print(f"{r['case']:<34} {r['system']:<26} {clock}  {reasons}")
+
+
+def measure(args: argparse.Namespace) -> None:
     home = tandem_home()
     steps = 32 if args.quick else 128
     out_len = 64 if args.quick else 256
@@ -621,24 +665,12 @@ def main() -> None:
         del small
         free()
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "device": torch.cuda.get_device_name(),
-                "torch": torch.__version__,
-                "host": platform.node(),
-                "date": time.strftime("%Y-%m-%d"),
-                "copy_bandwidth_bytes_per_s": bandwidth,
-                "bf16_matmul_flops": flops,
-                "bf16_matmul_flops_sustained": sustained,
-                "weight_bytes_8b": wbytes,
-                "rows": ROWS,
-            },
-            indent=2,
-        )
+    RATES.update(
+        copy_bandwidth_bytes_per_s=bandwidth,
+        bf16_matmul_flops=flops,
+        bf16_matmul_flops_sustained=sustained,
+        weight_bytes_8b=wbytes,
     )
-    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

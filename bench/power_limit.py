@@ -16,67 +16,19 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run this benchmark as a module: python -m bench.power_limit")
 
 import argparse
-import datetime
 import json
 import statistics
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.cli import json_option, tandem_home
 from bench.gpu import ttft
+from bench.gpu_clock import parse_samples, sampling, summarize
 from bench.gpu_measure import held_matmul_rates, matmul_rate
 from engine import registry
 from engine.engine import Engine
-
-FIELDS = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
-# Bits of clocks_event_reasons.active (nvml's nvmlClocksEventReason*).
-REASONS = {0x1: "idle", 0x4: "power cap", 0x8: "HW slowdown", 0x20: "thermal (SW)",
-           0x40: "thermal (HW)", 0x80: "power brake"}  # fmt: skip
-
-
-def parse_samples(lines: list[str]) -> list[tuple[float, float, float, int]]:
-    """(epoch seconds, SM MHz, watts, reason bits) of each well-formed CSV line of nvidia-smi."""
-    samples = []
-    for line in lines:
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            samples.append((when, float(parts[1]), float(parts[2]), int(parts[3], 16)))
-        except (ValueError, IndexError):
-            continue  # a header, "[N/A]" or a line cut off when the sampler stopped
-    return samples
-
-
-def summarize(samples: list[tuple[float, float, float, int]], start: float, end: float) -> str:
-    inside = [s for s in samples if start <= s[0] < end]
-    if not inside:
-        return "no samples"
-    bits = 0
-    for s in inside:
-        bits |= s[3]
-    reasons = ", ".join(name for bit, name in REASONS.items() if bits & bit) or "none"
-    clock = statistics.median(s[1] for s in inside)
-    watts = statistics.median(s[2] for s in inside)
-    return f"SM {clock:5.0f} MHz, {watts:4.0f} W; reasons: {reasons}"
-
-
-@contextmanager
-def sampling(path: Path) -> Iterator[None]:
-    with path.open("w") as out:
-        cmd = ["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"]
-        sampler = subprocess.Popen(cmd, stdout=out)
-        try:
-            time.sleep(0.5)
-            yield
-        finally:
-            sampler.terminate()
-            sampler.wait()
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
-"""bench/power_limit.py reads nvidia-smi's samples and names the phase's clock-event reasons."""
+"""bench/gpu_clock.py reads nvidia-smi's samples: a phase's clock, power and clock-event reasons."""
 
 from __future__ import annotations
 
-from bench.power_limit import parse_samples, summarize
+from bench.gpu_clock import between, parse_samples, summarize
 
 LINES = [
     "2026/12/03 07:56:23.015, 345, 81.96, 0x0000000000000001",
@@ -29,3 +29,12 @@ def test_a_phase_shows_the_median_clock_and_power_and_every_reason_inside_it() -
     assert summarize(samples, start, start + 1) == "SM  1450 MHz,  695 W; reasons: power cap"
     assert summarize(samples, 0, start).endswith("reasons: idle")
     assert summarize(samples, start + 5, start + 6) == "no samples"
+
+
+def test_each_row_gets_the_samples_from_the_row_before_it_to_its_own_end() -> None:
+    samples = parse_samples(LINES)
+    start = samples[0][0]
+    first, second, third = between(samples, start - 1, [start + 0.5, start + 1.2, start + 9])
+    assert first == {"sm_mhz": 345.0, "watts": 81.96, "clock_reasons": ["idle"]}
+    assert second == {"sm_mhz": 1450.0, "watts": 695.05, "clock_reasons": ["power cap"]}
+    assert third == {}  # nothing sampled after the second row ended
