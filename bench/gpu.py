@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from bench.cli import json_option, tandem_home
-from bench.gpu_clock import Sample, between, parse_samples, sampling
+from bench.gpu_clock import Sample, by_row, parse_samples, sampling
 from bench.gpu_measure import (
     batch1_decode,
     batch1_steps,
@@ -63,6 +63,7 @@ from engine.random_weights import RandomWeights
 
 ROWS: list[dict[str, Any]] = []
 RATES: dict[str, float] = {}  # the hardware's, as measured at the start
+BEGUN: list[float] = []  # when the next row's measurement began, where set up came before it
 FLOORS: dict[int, float] = {}  # requests -> the 8B workload's floor, tok/s
 SUSTAINED_FLOORS: dict[int, float] = {}  # the same at the sustained matmul rate
 
@@ -84,6 +85,11 @@ def show_steps(records: list[Any], n: int) -> None:
             f"total {s[f'{kind}_total_s']:.2f}s"
         )
     print("    " + " | ".join(parts), flush=True)
+
+
+def begin() -> None:
+    """The next row's measurement starts now: its clock window leaves out the set-up before."""
+    BEGUN[:] = [time.time()]
 
 
 def row(
@@ -117,7 +123,9 @@ def row(
             "ratio": ratio,
             **({"sustained_ceiling": sustained, "sustained_ratio": held} if sustained else {}),
             **extra,
-            "ended_at": time.time(),  # its window of the clock samples ends here
+            # Its window of the clock samples: from the row before it (or begin()) to here.
+            "began_at": BEGUN.pop() if BEGUN else None,
+            "ended_at": time.time(),
         }
     )
     print(f"{case:<34} {system:<26} {value:>10.1f} {unit:<8} {shown}", flush=True)
@@ -333,6 +341,7 @@ def measure_8b(
             all_ms=[t * 1000 for t in times],
         )
     eager = Engine(engine.loaded, engine.num_kv_blocks, engine.block_size, 256, cuda_graphs=False)
+    begin()
     row(
         "8B batch-1 decode",
         "tandem engine (eager)",
@@ -559,7 +568,8 @@ def show_clock(samples: list[Sample], started: float) -> None:
     if not samples:
         return
     print(f"\n{'case':<34} {'system':<26} {'SM MHz':>7} {'W':>5}  clock reasons")
-    for r, w in zip(ROWS, between(samples, started, [r["ended_at"] for r in ROWS]), strict=True):
+    spans = [(r["began_at"], r["ended_at"]) for r in ROWS]
+    for r, w in zip(ROWS, by_row(samples, started, spans), strict=True):
         r.update(w)
         if w:
             reasons = ", ".join(w["clock_reasons"]) or "none"
@@ -609,6 +619,7 @@ def measure(args: argparse.Namespace) -> None:
             max_num_seqs=1,
             quantize="int8",
         )
+        begin()
         row(
             "8B batch-1 decode",
             "tandem engine int8",

@@ -79,7 +79,13 @@ def sampling(path: Path) -> Iterator[None]:
             sampler.wait()
 
 
-def between(samples: list[Sample], start: float, ends: list[float]) -> list[dict[str, Any]]:
-    """The window of each phase that ran from the previous one's end (the first from `start`)
-    to its own end: how bench.gpu's rows, each measured right after the one before, ran."""
-    return [window(samples, begin, end) for begin, end in zip([start, *ends], ends, strict=False)]
+def by_row(
+    samples: list[Sample], start: float, spans: list[tuple[float | None, float]]
+) -> list[dict[str, Any]]:
+    """The window of each row measured after the one before it: (when its measurement began, or
+    None for the previous row's end, the first's `start`; when it ended)."""
+    windows = []
+    for began, ended in spans:
+        windows.append(window(samples, start if began is None else began, ended))
+        start = ended
+    return windows

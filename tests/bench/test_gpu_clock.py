@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.gpu_clock import between, parse_samples, summarize
+from bench.gpu_clock import by_row, parse_samples, summarize
 
 LINES = [
     "2026/12/03 07:56:23.015, 345, 81.96, 0x0000000000000001",
@@ -31,10 +31,13 @@ def test_a_phase_shows_the_median_clock_and_power_and_every_reason_inside_it() -
     assert summarize(samples, start + 5, start + 6) == "no samples"
 
 
-def test_each_row_gets_the_samples_from_the_row_before_it_to_its_own_end() -> None:
+def test_each_row_gets_the_samples_from_the_row_before_it_or_its_own_start_to_its_end() -> None:
     samples = parse_samples(LINES)
-    start = samples[0][0]
-    first, second, third = between(samples, start - 1, [start + 0.5, start + 1.2, start + 9])
+    t = samples[0][0]
+    first, second, third, fourth = by_row(
+        samples, t - 1, [(None, t + 0.5), (None, t + 1.2), (t + 1.03, t + 1.2), (None, t + 9)]
+    )
     assert first == {"sm_mhz": 345.0, "watts": 81.96, "clock_reasons": ["idle"]}
     assert second == {"sm_mhz": 1450.0, "watts": 695.05, "clock_reasons": ["power cap"]}
-    assert third == {}  # nothing sampled after the second row ended
+    assert third == {"sm_mhz": 1400.0, "watts": 699.2, "clock_reasons": []}  # set-up left out
+    assert fourth == {}  # nothing sampled after the third row ended
