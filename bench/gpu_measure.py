@@ -1,18 +1,24 @@
 """What the GPU benchmarks measure with, in one place: the device's ceilings (a copy's bandwidth, a
-matmul's rate, in a burst and held), an engine's weight bytes, and batch-1 decode through the
-engine and through its captured graph alone. Imports engine code only, so a benchmark built on it
+matmul's rate, in a burst and held), an engine's weight bytes, batch-1 decode through the engine
+and through its captured graph alone, a prompt's time to its first token, and decode steps of
+many sequences. Imports engine code only, so a benchmark built on it
 runs on a GPU image without the services' packages (bench/gpu_70b.py)."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from typing import Any
 
 import torch
 
-from engine.batch import SeqInput
+from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.engine import Engine
+
+# Batch-1 runs of a row, the median shown: one run's rate moves by ±1.5% with the clock the power
+# limit leaves (bench/RESULTS-gpu.md, session 47), the engine's and the pipeline's alike.
+BATCH1_RUNS = 3
 
 
 def timed(fn: Any, repeats: int = 10) -> float:
@@ -134,3 +140,71 @@ def graph_only(engine: Engine, prompt_len: int, steps: int) -> float:
     seconds = timed(graph.replay, steps)
     engine.release(["g"])
     return 1 / seconds
+
+
+def free() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def ttft(engine: Engine, prompt_len: int, repeats: int = 5, rest: float = 0.0) -> list[float]:
+    """Seconds from the step's call to its token on the host, `repeats` times, sorted. With
+    `rest`, that many idle seconds before each: the prompt of an idle server, at the clock an
+    idle card starts from, where back to back the card runs at its power limit."""
+    ids = random_prompt(prompt_len, engine.config.vocab_size, 2)
+    table = list(range(-(-prompt_len // engine.block_size)))
+    engine.step([SeqInput("warm", ids, 0, table)])
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        time.sleep(rest)
+        start = time.perf_counter()
+        engine.step([SeqInput("t", ids, 0, table)])  # one host sync inside: the token is back
+        times.append(time.perf_counter() - start)
+    return sorted(times)
+
+
+def decode_steps(
+    engine: Engine, n: int, context: int, steps: int, overlapped: bool = False
+) -> float:
+    """Tokens/s of decode steps alone with n sequences at `context` tokens: the step the step
+    roofline describes, without the prefills and scheduling of a whole workload around it.
+    The steps' contexts grow one token a step, centred on `context` (their mean is context +
+    0.5), so the roofline's KV bytes are the ones they read. One step at a time (the median
+    step), or `overlapped` as the worker runs them: each step submitted before the one before
+    it is collected (the mean over all steps)."""
+    prompt = context - steps // 2
+    blocks = -(-(prompt + steps + 1) // engine.block_size)
+    seqs = [(f"s{i}", list(range(i * blocks, (i + 1) * blocks))) for i in range(n)]
+    vocab = engine.config.vocab_size
+    for first in range(0, n, 8):  # prefill in groups: bounded activations
+        engine.step(
+            [
+                SeqInput(seq_id, random_prompt(prompt, vocab, 200 + i), 0, t)
+                for i, (seq_id, t) in enumerate(seqs[first : first + 8], start=first)
+            ]
+        )
+    if overlapped:
+        start = time.perf_counter()
+        pending = None
+        for step in range(steps):
+            token = FROM_LAST_STEP if step else 1  # the prefills sampled in groups
+            batch = [SeqInput(s, [token], prompt + step, t) for s, t in seqs]
+            queued = engine.submit(batch)
+            if pending is not None:
+                engine.collect(pending)
+            pending = queued
+        assert pending is not None
+        engine.collect(pending)
+        engine.release(s for s, _ in seqs)
+        return n * steps / (time.perf_counter() - start)
+    tokens = [1] * n
+    times = []
+    for step in range(steps):
+        batch = [SeqInput(s, [tokens[i]], prompt + step, t) for i, (s, t) in enumerate(seqs)]
+        start = time.perf_counter()
+        tokens = [o.token_id for o in engine.step(batch)]  # one host sync inside
+        times.append(time.perf_counter() - start)
+    engine.release(s for s, _ in seqs)
+    times.sort()
+    return n / times[len(times) // 2]

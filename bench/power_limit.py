@@ -24,9 +24,8 @@ from typing import Any
 import torch
 
 from bench.cli import json_option, tandem_home
-from bench.gpu import ttft
 from bench.gpu_clock import parse_samples, sampling, summarize
-from bench.gpu_measure import held_matmul_rates, matmul_rate
+from bench.gpu_measure import held_matmul_rates, matmul_rate, ttft
 from engine import registry
 from engine.engine import Engine
 

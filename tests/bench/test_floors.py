@@ -68,16 +68,16 @@ def test_the_workload_floor_adds_prefill_flops_and_decode_bytes(engine: Engine) 
 def test_a_row_shows_its_ratio_to_the_burst_floor_and_the_sustained_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from bench import gpu
+    from bench import gpu_table
 
-    before = len(gpu.ROWS)
+    before = len(gpu_table.ROWS)
     try:
-        gpu.row("TTFT", "engine", 50.0, "ms", 40.0, 45.0)
-        gpu.row("workload", "engine", 80.0, "tok/s", 100.0, 90.0)
-        gpu.row("decode", "engine", 80.0, "tok/s", 100.0)
-        ttft, workload, decode = gpu.ROWS[before:]
+        gpu_table.row("TTFT", "engine", 50.0, "ms", 40.0, 45.0)
+        gpu_table.row("workload", "engine", 80.0, "tok/s", 100.0, 90.0)
+        gpu_table.row("decode", "engine", 80.0, "tok/s", 100.0)
+        ttft, workload, decode = gpu_table.ROWS[before:]
     finally:
-        del gpu.ROWS[before:]
+        del gpu_table.ROWS[before:]
     assert (ttft["ratio"], ttft["sustained_ratio"]) == (1.25, pytest.approx(50 / 45))
     assert workload["sustained_ratio"] == pytest.approx(80 / 90)
     assert "sustained_ratio" not in decode  # no prefill FLOPs in its floor
@@ -91,7 +91,7 @@ def test_a_row_shows_its_ratio_to_the_burst_floor_and_the_sustained_one(
 def test_decode_steps_read_on_average_the_context_their_roofline_counts(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, overlapped: bool
 ) -> None:
-    from bench import gpu
+    from bench import gpu_measure
 
     attended: list[int] = []  # positions a decode row attends over: its own and those before
     submit = engine.submit  # engine.step submits too
@@ -101,7 +101,7 @@ def test_decode_steps_read_on_average_the_context_their_roofline_counts(
         return submit(batch)
 
     monkeypatch.setattr(engine, "submit", recording)
-    gpu.decode_steps(engine, 2, 12, 8, overlapped)
+    gpu_measure.decode_steps(engine, 2, 12, 8, overlapped)
     assert len(attended) == 2 * 8
     # bench/gpu.py's step roofline charges each sequence `context` tokens of K/V.
     assert sum(attended) / len(attended) == 12.5
