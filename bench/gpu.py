@@ -187,6 +187,7 @@ def measure_8b(
     del eager
     if not skip_hf:
         hf = hf_model(path, c)
+        begin()
         for static in (False, True):
             label = "transformers (static, no compile)" if static else "transformers (eager)"
             row(
