@@ -119,10 +119,11 @@ class StepProfile:
     @contextmanager
     def active(self) -> Iterator[StepProfile]:
         e = self.engine
-        saved = (e._decode_inputs, e.collect, e.sampler, engine_module.build_metadata)
+        saved = (e.collect, e.sampler, engine_module.build_metadata)
         graphs = e.graphs
         load = graphs._load if graphs is not None else None
-        e._decode_inputs = self._timed("prepare", e._decode_inputs, False)  # type: ignore[method-assign]
+        checks = e.checks
+        checks.decode_arrays = self._timed("prepare", checks.decode_arrays, False)  # type: ignore[method-assign]
         e.collect = self._outputs(e.collect)  # type: ignore[method-assign]
         e.sampler = self._timed("sample", e.sampler, False)  # type: ignore[assignment]
         engine_module.build_metadata = self._timed("prepare", engine_module.build_metadata, True)
@@ -131,7 +132,8 @@ class StepProfile:
         try:
             yield self
         finally:
-            e._decode_inputs, e.collect, e.sampler, engine_module.build_metadata = saved  # type: ignore[method-assign]
+            e.collect, e.sampler, engine_module.build_metadata = saved  # type: ignore[method-assign]
+            del checks.decode_arrays
             if graphs is not None:
                 del graphs._load
 

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
 import torch
 
 from engine import cpu_kernels
@@ -25,6 +21,8 @@ from engine.loader import LoadedModel, load_model
 from engine.native_decode import NativeDecoder
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.sampling import Sampler
+from engine.step_checks import StepChecks
+from engine.submitted import Fill, LastStep, Submitted
 from engine.tensor_parallel import SINGLE, TensorParallel, rank_device
 from engine.upload import to_device
 from engine.warm_up import representative_batches, warm_up_batches
@@ -88,6 +86,9 @@ class Engine:
         # Blocks a scheduler may hand out (a reserved dummy block on CUDA is not among them).
         self.num_kv_blocks = num_kv_blocks
         self.max_num_seqs = max_num_seqs
+        self.checks = StepChecks(
+            self.config.vocab_size, self.config.max_seq_len, num_kv_blocks, block_size
+        )
         on_cuda = self.device.type == "cuda"
         # On CUDA one extra block, outside what the scheduler may hand out, takes the writes of
         # padding rows in captured decode graphs.
@@ -113,7 +114,7 @@ class Engine:
         self.greedy_in_graph = True
         self._ahead: StepAhead | None = None
         # The sampled tokens of the step submitted last, for the next step's FROM_LAST_STEP.
-        self._last: _Last | None = None
+        self._last: LastStep | None = None
         # Seconds each stage of the start took (Engine.from_path fills "load" and "warm_up").
         self.start_times: dict[str, float] = {}
         started = time.perf_counter()
@@ -238,9 +239,9 @@ class Engine:
             followers.close()
 
     @torch.inference_mode()
-    def forward(self, batch: Sequence[SeqInput], fill: _Fill | None = None) -> torch.Tensor:
+    def forward(self, batch: Sequence[SeqInput], fill: Fill | None = None) -> torch.Tensor:
         """Write the batch's K/V into the cache and return its final hidden states (T, dim)."""
-        self._validate(batch, fill is not None)
+        self.checks.validate(batch, fill is not None)
         tokens: list[int] = []
         positions: list[int] = []
         for seq in batch:
@@ -294,7 +295,7 @@ class Engine:
         ):
             # A penalty's history is kept on the host: it needs the token itself.
             batch, last = last.resolved(batch), None
-        fill = _Fill.of(batch, last, self.device)
+        fill = Fill.of(batch, last, self.device)
         ahead, self._ahead = self._ahead, None
         graphed = self._graph_outputs(batch, ahead, fill)  # a decode-only batch, through its graph
         hidden = self.forward(batch, fill) if graphed is None else None  # (T, dim)
@@ -349,7 +350,7 @@ class Engine:
             self._ahead = submitted.ahead = self.graphs.replay_next(batch, tokens)
         # A graph's tokens are static too, but the next step reads them (its fill) before it
         # replays anything.
-        self._last = _Last({s.seq_id: i for i, s in enumerate(seqs)}, tokens, submitted)
+        self._last = LastStep({s.seq_id: i for i, s in enumerate(seqs)}, tokens, submitted)
         return submitted
 
     def collect(self, submitted: Submitted) -> list[SeqOutput]:
@@ -377,42 +378,19 @@ class Engine:
         return outputs
 
     def _graph_outputs(
-        self, batch: Sequence[SeqInput], ahead: StepAhead | None, fill: _Fill | None = None
+        self, batch: Sequence[SeqInput], ahead: StepAhead | None, fill: Fill | None = None
     ) -> GraphOutputs | None:
         """A decode-only batch replayed through its CUDA graph (or already replayed ahead, if it
         is `ahead`'s step); None where there is no graph for it."""
         graphs = self.graphs
         if graphs is None or graphs.bucket(len(batch)) is None:
             return None
-        inputs = self._decode_inputs(batch)
+        inputs = self.checks.decode_arrays(batch)
         if inputs is None:
             return None
         if ahead is not None and ahead.matches(batch):
             return ahead.outputs
         return graphs.run(batch, *inputs, fill)
-
-    def _decode_inputs(self, batch: Sequence[SeqInput]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Tokens and positions (n,) of a batch of single-token decodes, checked as `_validate`
-        checks them but over arrays (a step of hundreds of rows is on the host's critical path);
-        None where some row is not a decode. The loader of the graphs checks block ids."""
-        n = len(batch)
-        if any(len(s.token_ids) != 1 for s in batch):
-            return None
-        tokens = np.fromiter((s.token_ids[0] for s in batch), np.int64, n)
-        positions = np.fromiter((s.start_pos for s in batch), np.int64, n)
-        if positions.min() <= 0:  # a one-token prompt; or a bad position, which _validate names
-            self._validate(batch, filled=True)
-            return None
-        blocks = np.fromiter((len(s.block_table) for s in batch), np.int64, n)
-        if not (
-            tokens.min() >= FROM_LAST_STEP  # each FROM_LAST_STEP has its fill (_Fill.of)
-            and tokens.max() < self.config.vocab_size
-            and positions.max() < self.config.max_seq_len
-            and (blocks * self.block_size > positions).all()
-            and len({s.seq_id for s in batch}) == n
-        ):
-            self._validate(batch, filled=True)  # raises, naming the field
-        return tokens, positions
 
     def _update_history(self, seq: SeqInput) -> tuple[list[int], int] | None:
         if not seq.sampling.uses_penalties:
@@ -430,118 +408,3 @@ class Engine:
         del history[seq.start_pos :]
         history.extend(seq.token_ids)
         return history, seq.prompt_len
-
-    def _validate(self, batch: Sequence[SeqInput], filled: bool = False) -> None:
-        """filled: the batch's FROM_LAST_STEP tokens are put in place on the device (_Fill)."""
-        vocab = self.config.vocab_size
-        lowest = FROM_LAST_STEP if filled else 0
-        seen: set[Hashable] = set()
-        for seq in batch:
-            if seq.seq_id in seen:
-                raise InvalidRequest("seq_id", f"{seq.seq_id} appears twice in one step")
-            seen.add(seq.seq_id)
-            if not seq.token_ids:
-                raise InvalidRequest("token_ids", f"sequence {seq.seq_id} has no new tokens")
-            if seq.start_pos < 0:
-                raise InvalidRequest("start_pos", f"sequence {seq.seq_id}: must be >= 0")
-            end = seq.start_pos + len(seq.token_ids)
-            if end > self.config.max_seq_len:
-                raise InvalidRequest(
-                    "token_ids",
-                    f"sequence {seq.seq_id} reaches position {end}, beyond the model's context "
-                    f"of {self.config.max_seq_len}",
-                )
-            # min/max run in C: a step of hundreds of sequences checks in microseconds.
-            if min(seq.token_ids) < lowest or max(seq.token_ids) >= vocab:
-                raise InvalidRequest(
-                    "token_ids", f"sequence {seq.seq_id} has ids outside [0, {vocab})"
-                )
-            table = seq.block_table
-            if len(table) and (min(table) < 0 or max(table) >= self.num_kv_blocks):
-                raise InvalidRequest(
-                    "block_table", f"sequence {seq.seq_id} names blocks outside the pool"
-                )
-            if len(seq.block_table) * self.block_size < end:
-                raise InvalidRequest(
-                    "block_table",
-                    f"sequence {seq.seq_id}: {len(seq.block_table)} blocks cannot hold {end} "
-                    "positions",
-                )
-
-
-@dataclass
-class Submitted:
-    """A step on its way (Engine.submit): its sampling rows, and where their values arrive."""
-
-    seqs: list[SeqInput]  # the rows that sample, in order
-    packed: torch.Tensor  # SampledBatch.packed's rows, on the host (on CUDA: once `done`)
-    n_top: int
-    done: torch.cuda.Event | None = None  # recorded after the copy to the host; None on CPU
-    ahead: StepAhead | None = None  # the step after it, replayed ahead; told its tokens
-
-
-@dataclass
-class _Last:
-    """The sampled tokens of the step submitted last (on the device), by sequence."""
-
-    rows: dict[Hashable, int]
-    tokens: torch.Tensor  # (S,) int64
-    submitted: Submitted
-
-    def resolved(self, batch: Sequence[SeqInput]) -> list[SeqInput]:
-        """`batch` with every FROM_LAST_STEP replaced by its token, read on the host."""
-        if self.submitted.done is not None:
-            self.submitted.done.synchronize()
-        tokens = self.submitted.packed[:, 0].tolist()
-        out = []
-        for seq in batch:
-            if FROM_LAST_STEP in seq.token_ids:
-                ids = [_token(tokens, self.rows, seq, t) for t in seq.token_ids]
-                seq = dataclasses.replace(seq, token_ids=ids)
-            out.append(seq)
-        return out
-
-
-def _token(tokens: list[float], rows: dict[Hashable, int], seq: SeqInput, token: int) -> int:
-    if token != FROM_LAST_STEP:
-        return token
-    if seq.seq_id not in rows:
-        raise InvalidRequest("token_ids", _NOT_SAMPLED.format(seq.seq_id))
-    return int(tokens[rows[seq.seq_id]])
-
-
-_NOT_SAMPLED = "sequence {} takes FROM_LAST_STEP, but the step before sampled nothing for it"
-
-
-class _Fill:
-    """Where a step's FROM_LAST_STEP tokens go among its new tokens (`at`), and those tokens;
-    both on the device, made when first asked for (a step replayed ahead needs neither)."""
-
-    def __init__(self, at: list[int], rows: list[int], last: _Last, device: torch.device) -> None:
-        self._at, self._rows, self._last, self._device = at, rows, last, device
-
-    @functools.cached_property
-    def at(self) -> torch.Tensor:  # (F,) int64
-        return to_device(self._at, self._device)
-
-    @functools.cached_property
-    def tokens(self) -> torch.Tensor:  # (F,) int64
-        return self._last.tokens.index_select(0, to_device(self._rows, self._device))
-
-    @staticmethod
-    def of(batch: Sequence[SeqInput], last: _Last | None, device: torch.device) -> _Fill | None:
-        at: list[int] = []
-        rows: list[int] = []
-        offset = 0
-        for seq in batch:
-            ids = seq.token_ids
-            if FROM_LAST_STEP in ids:
-                row = None if last is None else last.rows.get(seq.seq_id)
-                if row is None:
-                    raise InvalidRequest("token_ids", _NOT_SAMPLED.format(seq.seq_id))
-                for j, token in enumerate(ids):
-                    if token == FROM_LAST_STEP:
-                        at.append(offset + j)
-                        rows.append(row)
-            offset += len(ids)
-        return None if last is None or not at else _Fill(at, rows, last, device)

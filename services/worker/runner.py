@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from engine.batch import FROM_LAST_STEP, SeqInput
-from engine.engine import Engine, Submitted
+from engine.engine import Engine
 from engine.errors import InvalidRequest, RankGroupError
 from engine.sampling_params import SamplingParams
+from engine.submitted import Submitted
 from services.protocol import PLACEHOLDER, sampling_from_pb
 from services.worker.telemetry import WorkerTelemetry
 from services.worker.threads import ThreadPolicy

@@ -12,7 +12,8 @@ import pytest
 from bench.gpu_measure import prefill_params, weight_bytes
 from bench.serving import workload_floor
 from engine.batch import SeqInput
-from engine.engine import Engine, Submitted
+from engine.engine import Engine
+from engine.submitted import Submitted
 from tests.engine.conftest import TINY, write_tiny_checkpoint
 
 HIDDEN, FFN, LAYERS, VOCAB = 64, 160, 2, 320
@@ -105,3 +106,16 @@ def test_decode_steps_read_on_average_the_context_their_roofline_counts(
     assert len(attended) == 2 * 8
     # bench/gpu.py's step roofline charges each sequence `context` tokens of K/V.
     assert sum(attended) / len(attended) == 12.5
+
+
+def test_a_profiled_workload_runs_and_leaves_the_engine_as_it_found_it(engine: Engine) -> None:
+    """bench.gpu's in-process workloads time the engine's phases by wrapping its methods in
+    place (bench/serving.py's StepProfile); twice in a row, each run unwrapped after it."""
+    from bench.serving import run_workload, summarize_steps
+
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    for _ in range(2):
+        run = run_workload(engine, prompts, 3)
+        assert run.output_tokens == 2 * 3
+        assert summarize_steps(run.steps, 2)["decode_prepare_us"] > 0
+    assert "decode_arrays" not in vars(engine.checks)
