@@ -65,7 +65,7 @@ class StepChecks:  # not frozen: bench/serving.py's profile times decode_arrays 
             return None
         tokens = np.fromiter((s.token_ids[0] for s in batch), np.int64, n)
         positions = np.fromiter((s.start_pos for s in batch), np.int64, n)
-        if positions.min() <= 0:  # a one-token prompt; or a bad position, which _validate names
+        if positions.min() <= 0:  # a one-token prompt; or a bad position, which validate names
             self.validate(batch, filled=True)
             return None
         blocks = np.fromiter((len(s.block_table) for s in batch), np.int64, n)
