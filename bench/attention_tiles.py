@@ -54,10 +54,10 @@ def main() -> None:
         q = torch.randn(n, HEADS, HEAD_DIM, device=cuda, dtype=torch.bfloat16)
         inputs[(n, ctx)] = (q, tables, lens)
     variants: list[tuple[int | None, Tiling | None]] = [(None, None)]  # the defaults
-    for pb, (tile, warps), stages in itertools.product(
+    for blocks, (tile, warps), stages in itertools.product(
         (8, 16, 64), ((32, 2), (64, 2), (64, 4), (128, 2), (128, 4), (128, 8)), (2, 3, 4)
     ):
-        variants.append((pb, Tiling(tile, warps, True, stages)))
+        variants.append((blocks, Tiling(tile, warps, True, stages)))
     results = []
     for (kv, pool), (pb, tiling) in itertools.product(pools.items(), variants):
         kernel = PagedDecode(

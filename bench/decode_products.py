@@ -99,7 +99,7 @@ def measure(
     partials = torch.empty(4, m, n, device="cuda", dtype=torch.float32)
     reference = F.linear(x, w)
     candidates: list[tuple[str, list[Any]]] = [
-        ("cuBLAS F.linear", [lambda c=c: torch.nn.functional.linear(x, c, out=out) for c in copies])
+        ("cuBLAS F.linear", [lambda c=c: torch.nn.functional.linear(x, c, out=out) for c in copies])  # type: ignore[call-arg]
     ]
     if "lt" in kernels:
         for i, algo in enumerate(cublaslt.algorithms(m, n, k)):
@@ -115,7 +115,7 @@ def measure(
                 [lambda c=c, t=tile: triton_linear(x, c, out, partials, t) for c in copies],
             )
         )
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, calls in candidates:
         try:
             calls[0]()

@@ -304,7 +304,7 @@ def measure(args: argparse.Namespace) -> None:
         free()
 
     if not args.skip_pipeline:
-        runs = [("tandem pipeline",)]
+        runs: list[tuple[str, ...]] = [("tandem pipeline",)]
         if args.pipeline_ab:
             runs.append(("tandem pipeline, no overlap", "--no-overlap-steps"))
         for system, *extra in runs:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -55,7 +55,9 @@ TILES = [
 
 class Report:
     def __init__(self, path: Path) -> None:
-        self.path, self.rows, self.facts = path, [], {}
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        self.facts: dict[str, Any] = {}
 
     def fact(self, **facts: Any) -> None:
         self.facts.update(facts)
@@ -263,7 +265,7 @@ def main() -> None:
             "down": engine.model.blocks()[0].feed_forward.w2,
             "head": engine.model.output,
         }[name]
-        nbytes = module.weight.numel() + 2 * module.scale.numel()
+        nbytes = module.weight.numel() + 2 * cast(torch.Tensor, module.scale).numel()
         report.row(
             f"70B int8 {name} product alone",
             nbytes / seconds / 1e9,

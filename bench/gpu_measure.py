@@ -52,7 +52,7 @@ def held_matmul_rates(seconds: float) -> list[float]:
     """FLOP/s of windows of 50 back-to-back 8192³ bf16 products, for `seconds`."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    rates = []
+    rates: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or not rates:
         rates.append(2 * 8192**3 / timed(lambda: a @ b, 50))

@@ -48,7 +48,7 @@ def http_vs_grpc(grpc: str, http: str, args: argparse.Namespace) -> list[dict[st
         targets = [Target("tandem", grpc), Target("openai", http)]
         if r % 2:
             targets.reverse()
-        out = {}
+        out: dict[str, Any] = {}
         for i, target in enumerate(targets):
             config = BenchConfig(
                 targets=(target,),
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     home = Path("~/.cache/tandem").expanduser()
-    gguf = registry.fetch(registry.lookup(registry.DEFAULT_MODEL), home, quiet=True)
+    gguf = registry.fetch_any(registry.lookup(registry.DEFAULT_MODEL), home, quiet=True)
     results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -25,6 +25,7 @@ import time
 from concurrent import futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import grpc
 import torch
@@ -145,7 +146,9 @@ def in_process(
                 for s in plan.seqs
             ]
         )
-        result = StepResult(plan.step_id, {o.seq_id: (o.token_id, o.logprob) for o in outs})
+        result = StepResult(
+            plan.step_id, {cast(int, o.seq_id): (o.token_id, o.logprob) for o in outs}
+        )
         now = time.perf_counter()
         for event in core.update(plan, result):
             if isinstance(event, Token):

@@ -124,7 +124,7 @@ def batch1(path: Path, quantize: str, context: int, copy: float, repeats: int) -
     return result
 
 
-def many_rows(path: Path, rows: list[int], context: int, repeats: int) -> dict[str, Any]:
+def many_rows(path: Path, rows: list[int], context: int, repeats: int) -> dict[int, dict[str, Any]]:
     engine = Engine.from_path(
         path, "cuda", "bfloat16", kv_cache_bytes=48 << 30, progress=False,
         max_num_seqs=max(rows), warm_up_tokens=None,

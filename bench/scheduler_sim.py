@@ -137,7 +137,11 @@ def overload_priority(quick: bool) -> dict[str, float]:
         "idle_high_ttft_p50_s": pct(base, 50),
         "idle_high_ttft_p99_s": pct(base, 99),
     }
-    for suffix, overrides in (("", {}), ("_yield_off", {"lower_priority_prefill_tokens": 0})):
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("", {}),
+        ("_yield_off", {"lower_priority_prefill_tokens": 0}),
+    ]
+    for suffix, overrides in variants:
         overload, _ = simulate(workload, max_queued_requests=512, **overrides)
         high = [r.ttft or 0.0 for r in served(overload.records, is_high)]
         low = served(overload.records, lambda r: r.priority == 0)

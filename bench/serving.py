@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -229,7 +229,9 @@ def run_workload(
             t2 = time.perf_counter()
             outs = engine.step(batch)
             t3 = time.perf_counter()
-            result = StepResult(plan.step_id, {o.seq_id: (o.token_id, o.logprob) for o in outs})
+            result = StepResult(
+                plan.step_id, {cast(int, o.seq_id): (o.token_id, o.logprob) for o in outs}
+            )
             tokens += sum(isinstance(e, Token) for e in core.update(plan, result))
             now = time.perf_counter()
             phases = prof.current

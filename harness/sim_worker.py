@@ -18,7 +18,7 @@ from services.scheduler.request import Request
 
 # (seq_id, position of the token being sampled) -> token id. Deterministic, so a run with
 # preemptions must produce exactly the tokens of a run without.
-Model = Callable[[str, int], int]
+Model = Callable[[int, int], int]
 
 
 class SimulationError(Exception):
@@ -80,12 +80,12 @@ class SimWorker:
         self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
         # What each request's sequence truly is (prompt + every token sampled for it): the oracle
         # the KV contents are checked against.
-        self.truth: dict[str, list[int]] = {}
-        self.forgotten: set[str] = set()
+        self.truth: dict[int, list[int]] = {}
+        self.forgotten: set[int] = set()
         self.steps = 0
         # The last plan run and what it sampled: where placeholders in the next plan come from.
         self.last_step = -1
-        self.last_sampled: dict[str, tuple[int, float]] = {}
+        self.last_sampled: dict[int, tuple[int, float]] = {}
 
     def register(self, request: Request) -> None:
         self.truth[request.seq_id] = list(request.prompt_token_ids)
@@ -98,8 +98,8 @@ class SimWorker:
         previous = self.last_sampled if plan.step_id == self.last_step + 1 else {}
         self.steps += 1
         self.forgotten.update(plan.finished_seq_ids)
-        sampled: dict[str, tuple[int, float]] = {}
-        seen: set[str] = set()
+        sampled: dict[int, tuple[int, float]] = {}
+        seen: set[int] = set()
         rows = zip(
             plan.seq_ids,
             plan.row_tokens(),

@@ -90,7 +90,7 @@ class Simulation:
         self.hop_s = hop_s
         self.charge_scheduler = charge_scheduler
         self.max_in_flight = 2 if scheduler.config.async_scheduling else 1
-        self.records: dict[str, RequestRecord] = {}
+        self.records: dict[int, RequestRecord] = {}
         self.steps: list[StepLog] = []
         self.events: list[tuple[float, Event]] = []
         self.keep_events = False
