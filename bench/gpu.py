@@ -211,6 +211,14 @@ def main() -> None:
         action="store_true",
         help="the pipeline rows again with --no-overlap-steps (the worker's overlap, A/B)",
     )
+    parser.add_argument(
+        "--pipeline-also",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="the pipeline rows again with these flags of `tandem serve` added (repeatable), "
+        'e.g. --pipeline-also="--max-num-batched-tokens 8192"',
+    )
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-int8", action="store_true")
     parser.add_argument("--skip-fp8", action="store_true")
@@ -307,6 +315,7 @@ def measure(args: argparse.Namespace) -> None:
         runs: list[tuple[str, ...]] = [("tandem pipeline",)]
         if args.pipeline_ab:
             runs.append(("tandem pipeline, no overlap", "--no-overlap-steps"))
+        runs += [(f"tandem pipeline, {flags}", *flags.split()) for flags in args.pipeline_also]
         for system, *extra in runs:
             try:
                 sizes = [n for n in concurrencies if n >= 64]
