@@ -31,6 +31,7 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import json
 import platform
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -315,7 +316,7 @@ def measure(args: argparse.Namespace) -> None:
         runs: list[tuple[str, ...]] = [("tandem pipeline",)]
         if args.pipeline_ab:
             runs.append(("tandem pipeline, no overlap", "--no-overlap-steps"))
-        runs += [(f"tandem pipeline, {flags}", *flags.split()) for flags in args.pipeline_also]
+        runs += [(f"tandem pipeline, {flags}", *shlex.split(flags)) for flags in args.pipeline_also]
         for system, *extra in runs:
             try:
                 sizes = [n for n in concurrencies if n >= 64]
