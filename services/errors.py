@@ -56,6 +56,11 @@ class Cancelled(ServiceError):
     code = grpc.StatusCode.CANCELLED
 
 
+class CannotStart(Exception):
+    """Settings that cannot work with what a process found as it started (a peer's model, say):
+    waiting will not change it, so the process says why and exits with code 2."""
+
+
 def status_of(err: BaseException) -> tuple[grpc.StatusCode, str] | None:
     """The status for an error users can act on; None for a bug (reported as INTERNAL)."""
     if isinstance(err, ServiceError):

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from engine.errors import EngineError
 from services.client_types import MAX_MESSAGE_BYTES
+from services.errors import CannotStart
 from services.interceptors import ErrorInterceptor
 from services.settings import parse
 from services.telemetry.config import TelemetryConfig
@@ -211,17 +212,25 @@ async def run_service(
         tls=service.tls,
     )
     log.info("%s on port %d", role, server.port)
-    await service.start()
-    await server.set_serving(True)
-    await stop.wait()
-    log.info("%s stopping", role)
-    await server.set_serving(False)
-    await asyncio.gather(server.stop(grace=service.grace_s), service.drain())
-    await service.stop()
+    try:
+        await service.start()
+    except CannotStart as err:
+        log.error("%s cannot start: %s", role, err)
+        await server.stop(grace=0)
+        await service.stop()
+        code = 2
+    else:
+        await server.set_serving(True)
+        await stop.wait()
+        log.info("%s stopping", role)
+        await server.set_serving(False)
+        await asyncio.gather(server.stop(grace=service.grace_s), service.drain())
+        await service.stop()
+        code = 0
     if metrics is not None:
         metrics.stop()
     await asyncio.to_thread(tracing.shutdown)
-    return 0
+    return code
 
 
 def main(

@@ -134,6 +134,24 @@ async def test_a_port_the_user_gave_that_is_taken_fails_the_start_naming_it(
 
 
 @pytest.mark.slow
+async def test_a_policy_that_cannot_schedule_the_model_fails_the_start_naming_why(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Chunked prefill off with a step budget below the model's contexts: the scheduler says so
+    and exits, where it used to retry the attach until the launcher's ready timeout."""
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    flags = _serve_flags("--no-enable-chunked-prefill", "--max-num-batched-tokens", "16")
+    try:
+        with pytest.raises(LaunchFailed, match="scheduler exited with code 2 while starting"):
+            await start_children(supervisor, parse_serve(flags), tmp_path)
+    finally:
+        await supervisor.stop_all()
+    err = capfd.readouterr().err
+    assert "scheduler cannot start: the worker at" in err
+    assert "max_num_batched_tokens must be >= max_model_len when chunked prefill is off" in err
+
+
+@pytest.mark.slow
 async def test_serve_demo_streams_a_reply_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     """What `make run` does (README): the pipeline on the CPU answers one streamed chat prompt,
     serves on, and Ctrl-C stops every process, exit code 0, nothing left in /dev/shm."""

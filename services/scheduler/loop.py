@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.errors import CannotStart, InvalidArgument, ResourceExhausted, Unavailable
 from services.protocol import SequenceRecord, TopLogprobs, decode_outcome, encode_plan
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.errors import InvalidRequest, QueueFull
@@ -70,7 +70,8 @@ class StepLoop:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._reconnect()
+        """Attach the worker; CannotStart if this policy cannot schedule the model it serves."""
+        await self._reconnect(first=True)
         self._tasks = [
             asyncio.create_task(self._plan_loop()),
             asyncio.create_task(self._receive_loop()),
@@ -202,15 +203,17 @@ class StepLoop:
         self.worker_restarts += 1
         await self._reconnect()
 
-    async def _reconnect(self) -> None:
+    async def _reconnect(self, first: bool = False) -> None:
         """Attach the worker again, however many attempts it takes: an exception that left this
-        task would leave the scheduler without a worker for good, and say nothing."""
+        task would leave the scheduler without a worker for good, and say nothing. Only the
+        first attach, at start, gives up: on a worker whose model the policy cannot schedule."""
+        said = ""
         while True:
             try:
                 self.ready.clear()
                 self.model = await self.link.connect()
                 # A new worker has an empty KV cache: the accounts start over.
-                self.core = Scheduler(self.make_config(self.model))
+                self.core = Scheduler(self._config(self.model))
                 self.telemetry.on_model(self.model.name)
                 self.ready.set()
                 log.info(
@@ -223,10 +226,26 @@ class StepLoop:
                 return
             except WorkerGone as err:
                 log.warning("no worker attached at %s (%s); trying again", self.link.address, err)
+            except CannotStart as err:
+                if first:
+                    raise  # the service's stop closes the link
+                if str(err) != said:  # once, not every attempt
+                    log.error("%s; waiting for a worker it can", err)
+                    said = str(err)
             except Exception:
                 log.exception("attaching the worker at %s failed; trying again", self.link.address)
             await self.link.reopen()
             await asyncio.sleep(RECONNECT_PAUSE_S)
+
+    def _config(self, model: hp.ModelDescription) -> SchedulerConfig:
+        try:
+            return self.make_config(model)
+        except ValueError as err:
+            raise CannotStart(
+                f"the worker at {self.link.address} serves {model.name} (contexts of up to "
+                f"{model.max_seq_len} tokens, {model.num_kv_blocks} KV blocks of "
+                f"{model.block_size}), which the scheduling policy cannot: {err}"
+            ) from None
 
     # -- events to tokenizers ------------------------------------------------------------
 

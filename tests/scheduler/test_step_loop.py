@@ -8,9 +8,11 @@ the end of the task that receives outcomes (which left the scheduler without a w
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
+from services.errors import CannotStart
 from services.launcher import free_port
 from services.scheduler import loop as loop_module
 from services.scheduler import worker_link
@@ -106,6 +108,70 @@ def test_the_first_attach_is_tried_again_too() -> None:
     link = FlakyLink([WorkerGone("DEADLINE_EXCEEDED: no worker yet"), None, None])
     loop = run_until_back(link)
     assert link.connects == 3 and loop.ready.is_set()
+
+
+def test_a_model_the_policy_cannot_schedule_stops_the_start_naming_why() -> None:
+    """Chunked prefill off with a budget below the model's contexts: no retry makes it fit."""
+
+    def policy(m: hp.ModelDescription) -> SchedulerConfig:
+        return SchedulerConfig(
+            num_kv_blocks=m.num_kv_blocks,
+            block_size=m.block_size,
+            max_model_len=m.max_seq_len,
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=128,
+        )
+
+    async def scenario() -> str:
+        loop = StepLoop(FlakyLink([None]), Routes(), policy)  # type: ignore[arg-type]
+        try:
+            with pytest.raises(CannotStart) as refused:
+                await loop.start()
+        finally:
+            await loop.stop()
+        assert not loop.ready.is_set()
+        return str(refused.value)
+
+    said = asyncio.run(scenario())
+    assert "serves fake (contexts of up to 256 tokens" in said
+    assert "max_num_batched_tokens must be >= max_model_len" in said and "(128 < 256)" in said
+
+
+def test_a_later_worker_the_policy_cannot_schedule_is_waited_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After a restart the scheduler keeps waiting for a worker it can schedule, saying why
+    once, not at every attempt."""
+    calls = 0
+
+    def policy(m: hp.ModelDescription) -> SchedulerConfig:
+        nonlocal calls
+        calls += 1  # the first worker fits; the next three that attach do not
+        return SchedulerConfig(
+            num_kv_blocks=m.num_kv_blocks,
+            block_size=m.block_size,
+            max_model_len=m.max_seq_len,
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=128 if 2 <= calls <= 4 else 256,
+        )
+
+    async def scenario() -> StepLoop:
+        loop = StepLoop(FlakyLink([None] * 6), Routes(), policy)  # type: ignore[arg-type]
+        await loop.start()
+        try:
+            async with asyncio.timeout(60):
+                while not (loop.worker_restarts == 1 and loop.ready.is_set()):
+                    await asyncio.sleep(0.01)
+        finally:
+            await loop.stop()
+        return loop
+
+    with caplog.at_level(logging.ERROR, logger=loop_module.__name__):
+        loop = asyncio.run(scenario())
+    assert calls == 5 and loop.core is not None
+    assert loop.core.config.max_num_batched_tokens == 256
+    said = [r.getMessage() for r in caplog.records if "cannot" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("; waiting for a worker it can")
 
 
 def test_an_attempt_to_attach_waits_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
