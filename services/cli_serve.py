@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -168,10 +168,13 @@ async def start_children(
 
 
 async def _supervise(config: ServeConfig) -> int:
-    from services.launcher import LaunchFailed, Supervisor
+    from services.client_types import TandemError
+    from services.launcher import LaunchFailed, Supervisor, free_port
     from services.process import stop_event_on_signals
 
     log = logging.getLogger("tandem.launcher")
+    if config.port == 0:  # one free port, which every tokenizer shares and the demo is sent to
+        config = replace(config, port=free_port())
     stop = stop_event_on_signals()
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
     supervisor = Supervisor({"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
@@ -200,7 +203,11 @@ async def _supervise(config: ServeConfig) -> int:
             flush=True,
         )
         if config.demo:
-            await _demo(config)
+            try:
+                await _demo(config)
+            except TandemError as err:
+                log.error("the demo request failed: %s", err)
+                return 1
         await stop.wait()
         log.info("shutting down")
         return 0

@@ -154,13 +154,15 @@ async def test_a_policy_that_cannot_schedule_the_model_fails_the_start_naming_wh
 @pytest.mark.slow
 async def test_serve_demo_streams_a_reply_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     """What `make run` does (README): the pipeline on the CPU answers one streamed chat prompt,
-    serves on, and Ctrl-C stops every process, exit code 0, nothing left in /dev/shm."""
+    serves on, and Ctrl-C stops every process, exit code 0, nothing left in /dev/shm. With
+    `--port 0` the launcher picks the public port, says which, and sends the demo there."""
     shm = Path("/dev/shm")
     before = {p.name for p in shm.glob("tandem-*")}
     argv = ["-c", "from services.cli import main; main()", "serve", "--demo", "Say hello."]
+    flags = [*_serve_flags(), "--port", "0"]  # the last --port wins
     with (tmp_path / "serve.log").open("w") as log:
         serve = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, *_serve_flags(), stdout=asyncio.subprocess.PIPE, stderr=log
+            sys.executable, *argv, *flags, stdout=asyncio.subprocess.PIPE, stderr=log
         )
         assert serve.stdout is not None
         lines = []
@@ -175,7 +177,28 @@ async def test_serve_demo_streams_a_reply_then_ctrl_c_stops_everything(tmp_path:
             async with asyncio.timeout(120):
                 code = await serve.wait()
     out = "".join(lines)
-    assert "tandem serving llama3-tiny-random" in out and "> Say hello." in out
+    assert "tandem serving llama3-tiny-random at 127.0.0.1:" in out and "> Say hello." in out
+    assert "at 127.0.0.1:0 " not in out
     assert "[128 tokens, length]" in out or "tokens, stop]" in out  # a whole reply streamed
     assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
     assert {p.name for p in shm.glob("tandem-*")} <= before  # every segment unlinked
+
+
+@pytest.mark.slow
+async def test_a_demo_the_server_refuses_is_a_clear_error(tmp_path: Path) -> None:
+    """A prompt longer than the model's context: the launcher says what the server answered,
+    stops everything and exits 1, without a traceback."""
+    shm = Path("/dev/shm")
+    before = {p.name for p in shm.glob("tandem-*")}
+    main = "import sys; from services.cli import main; sys.exit(main())"
+    argv = ["-c", main, "serve", "--demo", "word " * 4000]
+    serve = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, *_serve_flags(), stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(300):
+        _, err = await serve.communicate()
+    said = err.decode()
+    assert serve.returncode == 1, said[-2000:]
+    assert "the demo request failed: INVALID_ARGUMENT: prompt:" in said
+    assert "do not fit the model's context of" in said and "Traceback" not in said
+    assert {p.name for p in shm.glob("tandem-*")} <= before

@@ -18,7 +18,7 @@ class EdgeSettings:
     model: ModelSettings = field(default_factory=ModelSettings)
     tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
     host: str = flag("127.0.0.1", "public address to bind")
-    port: int = flag(50051, "public gRPC port")
+    port: int = flag(50051, "public gRPC port (0: a free one)")
     http_port: int = flag(8000, "public OpenAI-compatible HTTP port, on --host (0: off)")
     api_key: tuple[str, ...] = flag(
         (),
