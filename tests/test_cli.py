@@ -217,6 +217,9 @@ def test_a_bad_setting_is_named(tmp_path: Path) -> None:
         parse_serve(["--config", str(file)])
     with pytest.raises(ValueError, match="tokenizers"):
         parse_serve(["--tokenizers", "0"])
+    with pytest.raises(ValueError, match="kv_cache_mb 0 sizes the KV cache on CUDA only"):
+        parse_serve(["--kv-cache-mb", "0"])  # on the CPU, the default device
+    assert parse_serve(["--kv-cache-mb", "0", "--device", "cuda"]).engine.kv_cache_mb == 0
 
 
 @pytest.mark.slow

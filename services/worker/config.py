@@ -78,6 +78,11 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.kv_cache_mb < 0:
             raise ValueError("kv_cache_mb must be >= 0")
+        if self.kv_cache_mb == 0 and not self.device.startswith("cuda"):
+            # Sized from what the weights leave of a GPU; elsewhere it would be one block.
+            raise ValueError(
+                f"kv_cache_mb 0 sizes the KV cache on CUDA only: on {self.device} give MiB"
+            )
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
