@@ -246,7 +246,11 @@ def main(
     except (ValueError, EngineError) as err:
         print(f"{role}: error: {err}", file=sys.stderr)
         return 2
-    return run(lambda: serve(config))
+    try:
+        return run(lambda: serve(config))
+    except EngineError as err:  # what the engine refused as it loaded: a file, a setting
+        print(f"{role}: error: {err}", file=sys.stderr)
+        return 2
 
 
 def settings_of(

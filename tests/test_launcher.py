@@ -151,6 +151,23 @@ async def test_a_policy_that_cannot_schedule_the_model_fails_the_start_naming_wh
     assert "max_num_batched_tokens must be >= max_model_len when chunked prefill is off" in err
 
 
+async def test_a_model_file_the_worker_cannot_read_fails_the_start_naming_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a model")
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    flags = [*_serve_flags(), "--model", str(bad)]
+    try:
+        with pytest.raises(LaunchFailed, match="worker exited with code 2 while starting"):
+            await start_children(supervisor, parse_serve(flags), tmp_path)
+    finally:
+        await supervisor.stop_all()
+    err = capfd.readouterr().err
+    assert "worker: error: bad.gguf is not a readable GGUF file" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.slow
 async def test_serve_demo_streams_a_reply_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     """What `make run` does (README): the pipeline on the CPU answers one streamed chat prompt,
