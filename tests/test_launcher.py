@@ -133,19 +133,26 @@ async def test_a_port_the_user_gave_that_is_taken_fails_the_start_naming_it(
     assert len(started) == 1  # the worker, once: a port the user gave is never changed
 
 
+async def _start_fails(tmp_path: Path, *flags: str) -> str:
+    """`tandem serve` with these flags fails to start: what LaunchFailed says."""
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    try:
+        with pytest.raises(LaunchFailed) as failed:
+            await start_children(supervisor, parse_serve(_serve_flags(*flags)), tmp_path)
+    finally:
+        await supervisor.stop_all()
+    return str(failed.value)
+
+
 @pytest.mark.slow
 async def test_a_policy_that_cannot_schedule_the_model_fails_the_start_naming_why(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Chunked prefill off with a step budget below the model's contexts: the scheduler says so
     and exits, where it used to retry the attach until the launcher's ready timeout."""
-    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
-    flags = _serve_flags("--no-enable-chunked-prefill", "--max-num-batched-tokens", "16")
-    try:
-        with pytest.raises(LaunchFailed, match="scheduler exited with code 2 while starting"):
-            await start_children(supervisor, parse_serve(flags), tmp_path)
-    finally:
-        await supervisor.stop_all()
+    flags = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "16")
+    failed = await _start_fails(tmp_path, *flags)
+    assert failed == "scheduler exited with code 2 while starting"
     err = capfd.readouterr().err
     assert "scheduler cannot start: the worker at" in err
     assert "max_num_batched_tokens must be >= max_model_len when chunked prefill is off" in err
@@ -156,13 +163,8 @@ async def test_a_model_file_the_worker_cannot_read_fails_the_start_naming_it(
 ) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_text("not a model")
-    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
-    flags = [*_serve_flags(), "--model", str(bad)]
-    try:
-        with pytest.raises(LaunchFailed, match="worker exited with code 2 while starting"):
-            await start_children(supervisor, parse_serve(flags), tmp_path)
-    finally:
-        await supervisor.stop_all()
+    failed = await _start_fails(tmp_path, "--model", str(bad))
+    assert failed == "worker exited with code 2 while starting"
     err = capfd.readouterr().err
     assert "worker: error: bad.gguf is not a readable GGUF file" in err
     assert "Traceback" not in err
