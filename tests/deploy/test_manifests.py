@@ -181,8 +181,9 @@ def test_the_cpu_worker_by_default_and_the_gpu_worker_in_its_profile(
     assert cpu["build"]["dockerfile"] == "deploy/Dockerfile"
     scheduler = compose["services"]["scheduler"]["command"]
     assert "worker:" + flag(cpu["command"], "--port") == flag(scheduler, "--worker")
-    for worker in (cpu, gpu):  # the worker sizes its buffers and CUDA graphs for the batch
-        assert flag(worker["command"], "--max-num-seqs") == flag(scheduler, "--max-num-seqs")
+    for worker in (cpu, gpu):  # the worker sizes its buffers and warm-up for the scheduler's
+        for name in ("--max-num-seqs", "--max-num-batched-tokens"):
+            assert flag(worker["command"], name) == flag(scheduler, name)
 
 
 def test_the_model_cache_is_a_named_volume_at_tandem_home(compose: dict[str, Any]) -> None:
