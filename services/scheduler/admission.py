@@ -34,6 +34,12 @@ def validate(request: Request, cfg: SchedulerConfig) -> None:
         raise InvalidRequest(
             "max_tokens", f"{exceeds} the KV pool of {cfg.kv_capacity_tokens} tokens"
         )
+    if n > cfg.max_queued_tokens:
+        # Refused at any load: not backpressure, which a client would retry.
+        raise InvalidRequest(
+            "prompt_token_ids",
+            f"{n} tokens exceed max_queued_tokens={cfg.max_queued_tokens}, the most that may wait",
+        )
     if request.deadline is not None and not math.isfinite(request.deadline):
         raise InvalidRequest("deadline", f"must be a finite clock time, got {request.deadline}")
 

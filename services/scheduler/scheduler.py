@@ -54,7 +54,11 @@ class Scheduler(SchedulerState):
         if waiting.count >= cfg.max_queued_requests:
             raise QueueFull(f"{waiting.count} requests already waiting")
         if waiting.num_tokens + len(request.prompt_token_ids) > cfg.max_queued_tokens:
-            raise QueueFull(f"{waiting.num_tokens} prompt tokens already waiting")
+            raise QueueFull(
+                f"{waiting.num_tokens} prompt tokens already waiting: "
+                f"{len(request.prompt_token_ids)} more would pass max_queued_tokens="
+                f"{cfg.max_queued_tokens}"
+            )
         now = self.clock()
         arrival = now if request.arrival_time is None else request.arrival_time
         order = next(self._orders)

@@ -74,6 +74,17 @@ def test_backpressure_bounds_the_waiting_tokens() -> None:
     sched.add_request(create_requests(1, prompt_len=8, id_prefix="c")[0])
 
 
+def test_a_prompt_longer_than_the_queue_may_hold_is_invalid_not_backpressure() -> None:
+    """A retrying client would retry RESOURCE_EXHAUSTED forever: this one never fits."""
+    sched = create_scheduler(max_queued_tokens=20)
+    with pytest.raises(InvalidRequest, match="21 tokens exceed max_queued_tokens=20") as err:
+        sched.add_request(create_requests(1, prompt_len=21, id_prefix="a")[0])
+    assert err.value.field == "prompt_token_ids"
+    sched.add_request(create_requests(1, prompt_len=20, id_prefix="b")[0])  # just fits, alone
+    with pytest.raises(QueueFull, match="20 prompt tokens already waiting: 1 more would pass"):
+        sched.add_request(create_requests(1, prompt_len=1, id_prefix="c")[0])
+
+
 def test_queued_then_scheduled_events() -> None:
     rig = create_rig()
     events = rig.add(*create_requests(2))
