@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 
@@ -18,8 +19,18 @@ def add_prompt_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", help="with --chat: a system message before the prompt")
 
 
+def parse_seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 1 << 64:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**64-1, got {text!r}")
+    return seed
+
+
 # The sampling flags, passed on by name: flag -> (type, default, help).
-SAMPLING_FLAGS: dict[str, tuple[type, Any, str]] = {
+SAMPLING_FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "temperature": (float, 0.0, "0 (the default) is greedy decoding"),
     "top_p": (float, 1.0, "nucleus sampling mass (1: off)"),
     "top_k": (int, 0, "keep the k most likely (0: off)"),
@@ -27,7 +38,7 @@ SAMPLING_FLAGS: dict[str, tuple[type, Any, str]] = {
     "repetition_penalty": (float, 1.0, "1: off"),
     "presence_penalty": (float, 0.0, "0: off"),
     "frequency_penalty": (float, 0.0, "0: off"),
-    "seed": (int, None, "makes sampling reproducible"),
+    "seed": (parse_seed, None, "makes sampling reproducible (0 to 2**64-1)"),
     "logprobs": (int, 0, "top-n logprobs per token (JSON)"),
 }
 

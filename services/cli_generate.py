@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_server_args(gen)
     add_prompt_args(gen)
     add_sampling_args(gen, max_tokens=None)
-    gen.set_defaults(func=_generate)
+    gen.set_defaults(func=_generate, user_errors=_user_errors())
 
     chat = sub.add_parser(
         "chat",
@@ -45,7 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_server_args(chat)
     chat.add_argument("--system", help="a system message that opens the conversation")
     add_sampling_args(chat, max_tokens=None, json_flag=False)
-    chat.set_defaults(func=_chat)
+    chat.set_defaults(func=_chat, user_errors=_user_errors())
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from services.client_types import InvalidOption
+
+    return (InvalidOption,)
 
 
 def _add_server_args(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,11 @@ MAX_MESSAGE_BYTES = 64 << 20
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant" | "tool", "content": ...}
 
 
+class InvalidOption(ValueError):
+    """An option no request can carry (a seed below 0, a priority past 32 bits), named; raised
+    before anything is sent."""
+
+
 class TandemError(Exception):
     """A failed RPC: its status code and the server's message, unchanged."""
 
@@ -81,8 +86,8 @@ def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> 
     values: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     fields = {"n": 1, **{k: v for k, v in values.items() if k in _REQUEST_FIELDS}}
     if sampling := {k: v for k, v in values.items() if k in _SAMPLING_FIELDS}:
-        fields["sampling"] = sampling
-    request = pb.GenerateRequest(**fields)
+        fields["sampling"] = _message(pb.SamplingParams, sampling)
+    request = _message(pb.GenerateRequest, fields)
     if prompt is not None:
         request.text = prompt
     elif messages is not None:
@@ -90,6 +95,20 @@ def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> 
     elif prompt_ids is not None:
         request.token_ids.ids.extend(prompt_ids)
     return request
+
+
+def _message(kind: Any, fields: dict[str, Any]) -> Any:
+    """`kind(**fields)`; InvalidOption naming the field protobuf refuses (its own error names
+    none: "Value out of range: -1")."""
+    try:
+        return kind(**fields)
+    except (ValueError, TypeError):
+        for name, value in fields.items():
+            try:
+                kind(**{name: value})
+            except (ValueError, TypeError) as err:
+                raise InvalidOption(f"{name}: {err}") from None
+        raise
 
 
 @dataclass(frozen=True)

@@ -273,3 +273,19 @@ def test_edge_settings_reach_every_tokenizer(tmp_path: Path) -> None:
     assert from_file.api_key == ("x", "y") and from_file.http_port == 0
     with pytest.raises(ValueError, match="ssl-keyfile"):
         parse(ServeConfig, ["--ssl-certfile", str(cert)], {}, prog="t", description="")
+
+
+def test_a_seed_out_of_range_is_refused_by_the_flag() -> None:
+    from services.cli import main
+
+    for seed in ("-1", str(1 << 64), "x"):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--prompt", "hi", "--seed", seed])
+        assert done.value.code == 2  # argparse's usage error, before any connection
+
+
+def test_generate_names_an_option_no_request_can_carry(capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import main
+
+    assert main(["generate", "--prompt", "hi", "--priority", str(1 << 40)]) == 2
+    assert "tandem generate: error: priority: Value out of range" in capsys.readouterr().err

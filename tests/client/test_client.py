@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
 from fake_server import TRACE_ID, FakeServer, Script, stream
 
 from services.client import Delta, TandemClient, TandemError, Usage
-from services.client_types import generate_request
+from services.client_types import InvalidOption, generate_request
 from tandem.v1 import generation_pb2 as pb
 
 PIECES = [("The", [504]), (" capital", [3575]), (" is Paris", [314, 7042]), (".", [30])]
@@ -121,6 +122,23 @@ def test_exactly_one_prompt_is_required() -> None:
         generate_request(None)
     with pytest.raises(ValueError, match="exactly one"):
         generate_request("text", prompt_ids=[1])
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"seed": -1}, "seed: Value out of range: -1"),
+        ({"priority": 1 << 40}, "priority: Value out of range"),
+        ({"top_k": "many"}, "top_k: "),
+        ({"seed": 3, "temperature": 0.5, "n": 1 << 33}, "n: Value out of range: 8589934592"),
+    ],
+)
+def test_an_option_no_request_can_carry_is_named_before_sending(
+    options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(InvalidOption) as err:
+        generate_request("text", **options)
+    assert str(err.value).startswith(named)
 
 
 @pytest.mark.parametrize(
