@@ -48,7 +48,9 @@ class SamplingParams:
         )
         for field, ok, rule in checks:
             if not ok:
-                raise InvalidRequest(field, f"must be {rule}, got {getattr(self, field)!r}")
+                value = getattr(self, field)
+                got = f"{len(value)}" if field == "logit_bias" else repr(value)  # not the map
+                raise InvalidRequest(field, f"must be {rule}, got {got}")
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not (math.isfinite(bias) and abs(bias) <= LOGIT_BIAS_RANGE):
                 raise InvalidRequest(

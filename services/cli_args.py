@@ -24,8 +24,8 @@ def parse_seed(text: str) -> int:
         seed = int(text)
     except ValueError:
         seed = -1
-    if not 0 <= seed < 1 << 64:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**64-1, got {text!r}")
+    if not 0 <= seed < 1 << 63:  # the engine's range (engine/sampling_params.py)
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**63-1, got {text!r}")
     return seed
 
 
@@ -38,7 +38,7 @@ SAMPLING_FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "repetition_penalty": (float, 1.0, "1: off"),
     "presence_penalty": (float, 0.0, "0: off"),
     "frequency_penalty": (float, 0.0, "0: off"),
-    "seed": (parse_seed, None, "makes sampling reproducible (0 to 2**64-1)"),
+    "seed": (parse_seed, None, "makes sampling reproducible (0 to 2**63-1)"),
     "logprobs": (int, 0, "top-n logprobs per token (JSON)"),
 }
 

@@ -136,3 +136,9 @@ def test_invalid_values_name_the_field(field: str, value: float) -> None:
     with pytest.raises(InvalidRequest) as err:
         SamplingParams(**{field: value})
     assert err.value.field == field
+
+
+def test_too_many_logit_biases_are_counted_not_listed() -> None:
+    bias = tuple((i, 1.0) for i in range(5000))
+    with pytest.raises(InvalidRequest, match=r"logit_bias: must be at most 1024 ids, got 5000$"):
+        SamplingParams(logit_bias=bias)
