@@ -126,8 +126,12 @@ def _flight_problems(s: SchedulerState) -> list[str]:
     ids = [f.plan.step_id for f in s.flights]
     if ids != list(range(s.next_step_id - len(ids), s.next_step_id)):
         out.append(f"plans in flight {ids} are not the last ones made ({s.next_step_id})")
+    largest = s.config.largest_step_tokens
     for flight in s.flights:
         plan = flight.plan
+        if plan.num_prefill_tokens > largest:
+            # Decode rows may go past the budget (isolate_priority_prefill), prompts never.
+            out.append(f"step {plan.step_id}: {plan.num_prefill_tokens} prompt tokens > {largest}")
         if len(flight.reqs) != plan.num_seqs:
             out.append(f"step {plan.step_id}: {len(flight.reqs)} requests for {plan.num_seqs} rows")
         for req, table in zip(flight.reqs, plan.block_tables, strict=False):

@@ -201,6 +201,10 @@ def test_serve_settings_reach_each_process_through_its_config_file(tmp_path: Pat
     tokenizers = [tokenizer_config(serve, scheduler.address, port) for _ in range(serve.tokenizers)]
     assert len(tokenizers) == 2 and worker.engine.threads == 1
     assert scheduler.policy == serve.policy and scheduler.worker == worker.address
+    assert worker.max_num_batched_tokens == 2048
+    # The worker warms up for the largest step the scheduler may send.
+    backlog = parse_serve(["--backlog-batched-tokens", "8192"])
+    assert worker_config(backlog, port).max_num_batched_tokens == 8192
     for role, child in (("worker", worker), ("scheduler", scheduler), ("tokenizer", tokenizers[1])):
         kind = type(child)
         assert kind in (WorkerConfig, SchedulerProcessConfig, TokenizerConfig)

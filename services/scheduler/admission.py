@@ -87,7 +87,7 @@ def admit(s: SchedulerState, b: StepBuilder, now: float) -> None:
             # Let shorter requests pass instead of blocking the queue behind it.
             skipped.append(waiting.pop())
             continue
-        per_step = b.cap(head, threshold if is_long else cfg.max_num_batched_tokens, whole=True)
+        per_step = b.cap(head, threshold if is_long else b.size, whole=True)
         chunk = b.cap(head, min(remaining, budget, per_step))
         if chunk <= 0 or (chunk < remaining and not cfg.enable_chunked_prefill):
             break

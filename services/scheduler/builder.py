@@ -22,13 +22,14 @@ _block_table = attrgetter("block_table")
 
 @dataclass(slots=True)
 class StepBuilder:
-    budget: int
+    budget: int  # new tokens this step may still take
     # Prefill of priority below `yield_below` shares `lower_prefill_left` tokens in this
     # step (`lower_priority_prefill_tokens`); None: no such limit.
     yield_below: int | None = None
     lower_prefill_limit: int = 0
     chunked: bool = True
     lower_prefill_left: int = field(init=False)
+    size: int = field(init=False)  # the step's whole budget
     # Decode rows: the request, the position of its one token, that token.
     decode_reqs: list[RequestState] = field(default_factory=list)
     decode_starts: list[int] = field(default_factory=list)
@@ -52,6 +53,7 @@ class StepBuilder:
 
     def __post_init__(self) -> None:
         self.lower_prefill_left = self.lower_prefill_limit
+        self.size = self.budget
 
     @property
     def num_rows(self) -> int:
@@ -112,6 +114,9 @@ class StepBuilder:
             del self.decode_reqs[k], self.decode_tokens[k]
             req.num_computed_tokens = self.decode_starts.pop(k)
             self.budget += 1
+            if self.floor_priority is not None and req.priority < self.floor_priority:
+                # Its token is back in the budget: it no longer earns the prefill an allowance.
+                self.outranked_decodes = max(0, self.outranked_decodes - 1)
         elif req in self.prefill_reqs:
             k = self.prefill_reqs.index(req)
             offset = sum(self.prefill_counts[:k])

@@ -15,6 +15,14 @@ class SchedulingPolicy:
     # Continuous batching: per step, at most this many sequences and this many new tokens.
     max_num_seqs: int = flag(256, "sequences per step")
     max_num_batched_tokens: int = flag(2048, "new tokens per step")
+    # A backlog (a burst, an overload) is worked off in larger steps: while at least
+    # `backlog_batched_tokens` prompt tokens wait, a step may take that many new tokens. Those
+    # steps are longer, but the queue's prompts would wait longer still behind small ones, and
+    # fewer steps with the whole batch decoding end a burst sooner. Below a backlog, steps stay
+    # at `max_num_batched_tokens`, which keeps the time between tokens short. 0 turns this off.
+    backlog_batched_tokens: int = flag(
+        0, "a step's new tokens while at least as many prompt tokens wait (0: off)"
+    )
 
     # Chunked prefill. A prefill with more tokens left than the threshold is "long": it gets at
     # most `long_prefill_token_threshold` tokens per step, and at most `max_long_prefills` long
@@ -78,7 +86,15 @@ class SchedulingPolicy:
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.backlog_batched_tokens and (
+            self.backlog_batched_tokens < self.max_num_batched_tokens
+        ):
+            raise ValueError(
+                "backlog_batched_tokens must be 0 (off) or >= max_num_batched_tokens "
+                f"({self.backlog_batched_tokens} < {self.max_num_batched_tokens})"
+            )
         for name in (
+            "backlog_batched_tokens",
             "lower_priority_prefill_tokens",
             "priority_horizon_s",
             "aging_per_s",
@@ -94,6 +110,16 @@ class SchedulingPolicy:
     @property
     def max_wait_s(self) -> float:
         return self.max_wait_us * 1e-6
+
+    @property
+    def largest_step_tokens(self) -> int:
+        """The most new tokens a step may carry: what a worker must be warmed up for."""
+        return max(self.max_num_batched_tokens, self.backlog_batched_tokens)
+
+    def step_tokens(self, waiting_tokens: int) -> int:
+        """The new-token budget of a step built while `waiting_tokens` prompt tokens wait."""
+        backlog = self.backlog_batched_tokens
+        return backlog if backlog and waiting_tokens >= backlog else self.max_num_batched_tokens
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,7 +93,7 @@ class Scheduler(SchedulerState):
         cfg = self.config
         top = self.traffic.top(now) if cfg.lower_priority_prefill_tokens else None
         builder = StepBuilder(
-            cfg.max_num_batched_tokens,
+            cfg.step_tokens(self.waiting.num_tokens),
             top,
             cfg.lower_priority_prefill_tokens,
             cfg.enable_chunked_prefill,

@@ -101,3 +101,30 @@ def test_chunking_protects_short_requests_from_a_long_prompt() -> None:
     # long prompt's steps stay short.
     assert max(whole) > 0.03
     assert max(chunked) < max(whole) / 3
+
+
+def test_a_backlog_is_prefilled_in_larger_steps_until_it_is_worked_off() -> None:
+    def new_tokens(backlog: int) -> list[int]:
+        rig = create_rig(
+            num_kv_blocks=128,
+            max_num_batched_tokens=16,
+            backlog_batched_tokens=backlog,
+            long_prefill_token_threshold=32,
+        )
+        burst = create_requests(10, id_prefix=f"burst{backlog}-", prompt_len=8, max_tokens=3)
+        rig.add(*burst)
+        counts = []
+        while True:
+            plan, _ = rig.step()
+            if plan.is_empty:
+                break
+            counts.append(sum(len(s.token_ids) for s in plan.seqs))
+        for req in burst:
+            assert rig.worker.truth[req.seq_id][8:] == expected_tokens(req, 3)
+        return counts
+
+    # 80 prompt tokens wait: one step of 48 (six prompts), then 32 wait and steps are small again.
+    backlog, off = new_tokens(48), new_tokens(0)
+    assert backlog[0] == 48 and max(backlog[1:]) == 16
+    assert off[0] == 16 and max(off) == 16
+    assert sum(backlog) == sum(off) and len(backlog) < len(off)

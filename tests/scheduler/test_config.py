@@ -19,6 +19,8 @@ BASE: dict[str, Any] = {"num_kv_blocks": 16, "block_size": 4, "max_model_len": 6
         ("max_model_len", 0),
         ("max_num_seqs", 0),
         ("max_num_batched_tokens", 0),
+        ("backlog_batched_tokens", -1),
+        ("backlog_batched_tokens", 1024),  # below max_num_batched_tokens (2048)
         ("long_prefill_token_threshold", 0),
         ("max_long_prefills", 0),
         ("max_queued_requests", 0),
@@ -41,6 +43,14 @@ def test_without_chunking_the_budget_must_hold_the_longest_prompt() -> None:
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         SchedulerConfig(**BASE, enable_chunked_prefill=False, max_num_batched_tokens=32)
     SchedulerConfig(**BASE, enable_chunked_prefill=False, max_num_batched_tokens=64)
+
+
+def test_a_backlog_step_budget_applies_from_as_many_waiting_tokens() -> None:
+    cfg = SchedulerConfig(**BASE, max_num_batched_tokens=16, backlog_batched_tokens=64)
+    assert [cfg.step_tokens(n) for n in (0, 63, 64, 1000)] == [16, 16, 64, 64]
+    assert cfg.largest_step_tokens == 64
+    off = SchedulerConfig(**BASE, max_num_batched_tokens=16)
+    assert off.step_tokens(1000) == 16 and off.largest_step_tokens == 16
 
 
 def test_is_frozen_and_derives_units() -> None:

@@ -43,11 +43,18 @@ class OverlapMachine(BooksMachine):
         chunked=st.booleans(),
         caching=st.booleans(),
         isolate=st.booleans(),
+        backlog=st.booleans(),
         yield_tokens=st.sampled_from([0, 4, 192]),
         num_kv_blocks=st.integers(10, 40),
     )
     def setup(
-        self, chunked: bool, caching: bool, isolate: bool, yield_tokens: int, num_kv_blocks: int
+        self,
+        chunked: bool,
+        caching: bool,
+        isolate: bool,
+        backlog: bool,
+        yield_tokens: int,
+        num_kv_blocks: int,
     ) -> None:
         rig = create_rig(
             model=MODEL,
@@ -56,6 +63,7 @@ class OverlapMachine(BooksMachine):
             max_model_len=48,
             max_num_seqs=4,
             max_num_batched_tokens=16 if chunked else 48,
+            backlog_batched_tokens=(32 if chunked else 64) if backlog else 0,
             long_prefill_token_threshold=8,
             enable_chunked_prefill=chunked,
             enable_prefix_caching=caching,
