@@ -117,7 +117,7 @@ def worker_config(config: ServeConfig, port: Port) -> WorkerConfig:
         model=config.model,
         port=config.worker_port or port(),
         max_num_seqs=config.policy.max_num_seqs,
-        max_num_batched_tokens=config.policy.largest_step_tokens,
+        max_num_batched_tokens=config.policy.on_device(config.engine.device).largest_step_tokens,
         engine=config.engine,
         telemetry=_telemetry(config, "worker", port),
     )

@@ -184,7 +184,7 @@ def test_serve_settings_reach_each_process_through_its_config_file(tmp_path: Pat
 
     from services.cli_serve import parse_serve, scheduler_config, tokenizer_config, worker_config
     from services.process import settings_of
-    from services.scheduler.config import SchedulerProcessConfig
+    from services.scheduler.config import BACKLOG_ON_CUDA, SchedulerProcessConfig
     from services.settings import write_file
     from services.tokenizer.config import TokenizerConfig
     from services.worker.config import WorkerConfig
@@ -201,10 +201,12 @@ def test_serve_settings_reach_each_process_through_its_config_file(tmp_path: Pat
     tokenizers = [tokenizer_config(serve, scheduler.address, port) for _ in range(serve.tokenizers)]
     assert len(tokenizers) == 2 and worker.engine.threads == 1
     assert scheduler.policy == serve.policy and scheduler.worker == worker.address
-    assert worker.max_num_batched_tokens == 2048
-    # The worker warms up for the largest step the scheduler may send.
-    backlog = parse_serve(["--backlog-batched-tokens", "8192"])
-    assert worker_config(backlog, port).max_num_batched_tokens == 8192
+    # The worker warms up for the largest step the scheduler may send: on CUDA, a backlog's.
+    assert worker.max_num_batched_tokens == 2048  # on the CPU, no backlog steps by default
+    cuda = parse_serve(["--device", "cuda"])
+    assert worker_config(cuda, port).max_num_batched_tokens == BACKLOG_ON_CUDA
+    off = parse_serve(["--device", "cuda", "--backlog-batched-tokens", "0"])
+    assert worker_config(off, port).max_num_batched_tokens == 2048
     for role, child in (("worker", worker), ("scheduler", scheduler), ("tokenizer", tokenizers[1])):
         kind = type(child)
         assert kind in (WorkerConfig, SchedulerProcessConfig, TokenizerConfig)

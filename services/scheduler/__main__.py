@@ -34,12 +34,7 @@ async def serve(config: SchedulerProcessConfig) -> int:
                 channel_credentials(config.tls) if config.tls.secures(config.worker) else None,
             ),
             Routes(),
-            lambda model: SchedulerConfig(
-                **vars(config.policy),
-                num_kv_blocks=model.num_kv_blocks,
-                block_size=model.block_size,
-                max_model_len=model.max_seq_len,
-            ),
+            lambda model: SchedulerConfig.for_worker(config.policy, model),
             SchedulerTelemetry(tracing, metrics),
         )
         servicer = SchedulerServicer(loop, reader, config.policy.max_queued_requests)

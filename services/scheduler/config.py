@@ -3,11 +3,16 @@ the policy joined with the KV pool the worker reports, which the core is built f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
 from services.tls import TlsSettings
+
+# The backlog budget where none is given: on a GPU larger steps end bursts sooner and hold lower
+# tails under Poisson load; on a CPU they cost throughput (bench/RESULTS-gpu.md, session 49).
+BACKLOG_ON_CUDA = 8192
 
 
 @dataclass(frozen=True)
@@ -19,9 +24,13 @@ class SchedulingPolicy:
     # `backlog_batched_tokens` prompt tokens wait, a step may take that many new tokens. Those
     # steps are longer, but the queue's prompts would wait longer still behind small ones, and
     # fewer steps with the whole batch decoding end a burst sooner. Below a backlog, steps stay
-    # at `max_num_batched_tokens`, which keeps the time between tokens short. 0 turns this off.
-    backlog_batched_tokens: int = flag(
-        0, "a step's new tokens while at least as many prompt tokens wait (0: off)"
+    # at `max_num_batched_tokens`, which keeps the time between tokens short. 0 turns this off
+    # (as does a value below max_num_batched_tokens); None: by the worker's device (`on_device`).
+    backlog_batched_tokens: int | None = flag(
+        None,
+        "a step's new tokens while at least as many prompt tokens wait "
+        f"(0: off; default {BACKLOG_ON_CUDA} on CUDA, off on CPUs)",
+        env="TANDEM_BACKLOG_BATCHED_TOKENS",
     )
 
     # Chunked prefill. A prefill with more tokens left than the threshold is "long": it gets at
@@ -86,15 +95,11 @@ class SchedulingPolicy:
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.backlog_batched_tokens and (
-            self.backlog_batched_tokens < self.max_num_batched_tokens
-        ):
+        if self.backlog_batched_tokens is not None and self.backlog_batched_tokens < 0:
             raise ValueError(
-                "backlog_batched_tokens must be 0 (off) or >= max_num_batched_tokens "
-                f"({self.backlog_batched_tokens} < {self.max_num_batched_tokens})"
+                f"backlog_batched_tokens must be >= 0, got {self.backlog_batched_tokens}"
             )
         for name in (
-            "backlog_batched_tokens",
             "lower_priority_prefill_tokens",
             "priority_horizon_s",
             "aging_per_s",
@@ -111,15 +116,24 @@ class SchedulingPolicy:
     def max_wait_s(self) -> float:
         return self.max_wait_us * 1e-6
 
+    def on_device(self, device: str) -> SchedulingPolicy:
+        """This policy with the backlog budget settled for a worker on `device` ("cuda:0")."""
+        if self.backlog_batched_tokens is not None:
+            return self
+        backlog = BACKLOG_ON_CUDA if device.startswith("cuda") else 0
+        return replace(self, backlog_batched_tokens=backlog)
+
     @property
     def largest_step_tokens(self) -> int:
         """The most new tokens a step may carry: what a worker must be warmed up for."""
-        return max(self.max_num_batched_tokens, self.backlog_batched_tokens)
+        return max(self.max_num_batched_tokens, self.backlog_batched_tokens or 0)
 
     def step_tokens(self, waiting_tokens: int) -> int:
         """The new-token budget of a step built while `waiting_tokens` prompt tokens wait."""
-        backlog = self.backlog_batched_tokens
-        return backlog if backlog and waiting_tokens >= backlog else self.max_num_batched_tokens
+        backlog = self.backlog_batched_tokens or 0
+        if backlog and waiting_tokens >= backlog:
+            return max(backlog, self.max_num_batched_tokens)
+        return self.max_num_batched_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +157,17 @@ class SchedulerConfig(SchedulingPolicy):
                 "max_num_batched_tokens must be >= max_model_len when chunked prefill is off "
                 f"({self.max_num_batched_tokens} < {self.max_model_len})"
             )
+
+    @classmethod
+    def for_worker(cls, policy: SchedulingPolicy, model: Any) -> SchedulerConfig:
+        """The policy joined with what a worker reports (a ModelDescription): its KV pool,
+        context and device."""
+        return cls(
+            **vars(policy.on_device(model.device)),
+            num_kv_blocks=model.num_kv_blocks,
+            block_size=model.block_size,
+            max_model_len=model.max_seq_len,
+        )
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services import healthcheck
 from services.launcher import free_port
+from services.scheduler.config import BACKLOG_ON_CUDA
 from tests.deploy.compose_local import (
     COMPOSE_FILE,
     DEPLOY,
@@ -54,6 +56,11 @@ def compose() -> dict[str, Any]:
 def flag(command: list[Any], name: str) -> str:
     command = [str(a) for a in command]
     return command[command.index(name) + 1]
+
+
+def default_of(value: str) -> int:
+    """The number a compose value `${NAME:-N}` (or a plain N) stands for when NAME is unset."""
+    return int(value.rsplit(":-", 1)[-1].rstrip("}"))
 
 
 def k8s_documents() -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -182,8 +189,17 @@ def test_the_cpu_worker_by_default_and_the_gpu_worker_in_its_profile(
     scheduler = compose["services"]["scheduler"]["command"]
     assert "worker:" + flag(cpu["command"], "--port") == flag(scheduler, "--worker")
     for worker in (cpu, gpu):  # the worker sizes its buffers and warm-up for the scheduler's
-        for name in ("--max-num-seqs", "--max-num-batched-tokens"):
-            assert flag(worker["command"], name) == flag(scheduler, name)
+        assert flag(worker["command"], "--max-num-seqs") == flag(scheduler, "--max-num-seqs")
+    # The largest step: the scheduler's budget on a CPU, a backlog's on CUDA (by default).
+    budget = flag(scheduler, "--max-num-batched-tokens")
+    assert flag(cpu["command"], "--max-num-batched-tokens") == budget
+    largest = max(default_of(budget), BACKLOG_ON_CUDA)
+    assert default_of(flag(gpu["command"], "--max-num-batched-tokens")) == largest
+    env = compose["services"]["scheduler"]["environment"]
+    # Passed through, empty where unset: the scheduler then settles it by the worker's device.
+    assert env["TANDEM_BACKLOG_BATCHED_TOKENS"] == os.environ.get(
+        "TANDEM_BACKLOG_BATCHED_TOKENS", ""
+    )
 
 
 def test_the_model_cache_is_a_named_volume_at_tandem_home(compose: dict[str, Any]) -> None:

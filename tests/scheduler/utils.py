@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "max_model_len": 256,
     "max_num_seqs": 16,
     "max_num_batched_tokens": 64,
+    "backlog_batched_tokens": 0,  # steps of one size, unless a test asks for backlog steps
     "long_prefill_token_threshold": 32,
     "aging_per_s": 0.0,
     "async_scheduling": False,  # one plan in flight, unless a test asks for two
