@@ -17,7 +17,8 @@ before the plans that still read it for the old one. Blocks are offered to the p
 by update() of the plan that computed them.
 
 A step is built in three passes, so its cost grows with the batch, never with the queue or the
-pool:
+pool. Its token budget is `max_num_batched_tokens`, or `backlog_batched_tokens` while at least
+that many prompt tokens wait (config.py):
   1. (running.py) running sequences, highest effective priority first: decodes and prefill
      chunks; when blocks run out the lowest-ranked running sequence is preempted (maybe the one
      asking);

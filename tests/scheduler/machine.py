@@ -5,6 +5,7 @@ accounting of every request's events."""
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -14,10 +15,50 @@ from services.scheduler.errors import SchedulerError
 from services.scheduler.events import Event, Finished, Token
 from services.scheduler.request import Request
 
-from .utils import Rig, name, sid
+from .utils import Rig, create_rig, name, sid
 
 # A few shared prefixes (some a block or two long) so prefix sharing happens often.
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9, 9, 9]]
+
+
+# The policy switches both machines draw, for `policy_rig` (plus the pool's size).
+POLICY = {
+    "chunked": st.booleans(),
+    "caching": st.booleans(),
+    "isolate": st.booleans(),
+    "backlog": st.booleans(),
+    "yield_tokens": st.sampled_from([0, 4, 192]),
+}
+
+
+def policy_rig(
+    chunked: bool,
+    caching: bool,
+    isolate: bool,
+    backlog: bool,
+    yield_tokens: int,
+    num_kv_blocks: int,
+    **extra: Any,
+) -> Rig:
+    """A rig with small bounds everywhere, so every limit is hit often."""
+    return create_rig(
+        num_kv_blocks=num_kv_blocks,
+        block_size=4,
+        max_model_len=48,
+        max_num_seqs=4,
+        max_num_batched_tokens=16 if chunked else 48,
+        backlog_batched_tokens=(32 if chunked else 64) if backlog else 0,
+        long_prefill_token_threshold=8,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=caching,
+        isolate_priority_prefill=isolate,
+        lower_priority_prefill_tokens=yield_tokens,
+        priority_horizon_s=0.1,
+        max_queued_requests=6,
+        aging_per_s=2.0,
+        session_kv_fraction=0.3,
+        **extra,
+    )
 
 
 class BooksMachine(RuleBasedStateMachine):

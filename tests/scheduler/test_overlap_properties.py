@@ -8,6 +8,7 @@ model's tokens up to its stop."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -18,8 +19,7 @@ from harness.sim_worker import default_model
 from services.protocol import StepPlan, StepResult
 from services.scheduler.request import Request
 
-from .machine import BooksMachine
-from .utils import create_rig
+from .machine import POLICY, BooksMachine, policy_rig
 
 # A vocabulary of 12, so stop tokens are sampled often.
 MODEL = default_model(vocab_size=12)
@@ -39,43 +39,9 @@ def expected(request: Request) -> list[int]:
 class OverlapMachine(BooksMachine):
     stops = st.frozensets(st.integers(0, 11), max_size=2)
 
-    @initialize(
-        chunked=st.booleans(),
-        caching=st.booleans(),
-        isolate=st.booleans(),
-        backlog=st.booleans(),
-        yield_tokens=st.sampled_from([0, 4, 192]),
-        num_kv_blocks=st.integers(10, 40),
-    )
-    def setup(
-        self,
-        chunked: bool,
-        caching: bool,
-        isolate: bool,
-        backlog: bool,
-        yield_tokens: int,
-        num_kv_blocks: int,
-    ) -> None:
-        rig = create_rig(
-            model=MODEL,
-            num_kv_blocks=num_kv_blocks,
-            block_size=4,
-            max_model_len=48,
-            max_num_seqs=4,
-            max_num_batched_tokens=16 if chunked else 48,
-            backlog_batched_tokens=(32 if chunked else 64) if backlog else 0,
-            long_prefill_token_threshold=8,
-            enable_chunked_prefill=chunked,
-            enable_prefix_caching=caching,
-            isolate_priority_prefill=isolate,
-            lower_priority_prefill_tokens=yield_tokens,
-            priority_horizon_s=0.1,
-            max_queued_requests=6,
-            aging_per_s=2.0,
-            session_kv_fraction=0.3,
-            async_scheduling=True,
-        )
-        self.start(rig)
+    @initialize(**POLICY, num_kv_blocks=st.integers(10, 40))
+    def setup(self, **draws: Any) -> None:
+        self.start(policy_rig(**draws, model=MODEL, async_scheduling=True))
         # Plans made and not yet run by the worker; results not yet applied.
         self.sent: deque[StepPlan] = deque()
         self.done: deque[tuple[StepPlan, StepResult]] = deque()

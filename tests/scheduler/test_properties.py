@@ -3,55 +3,26 @@ and every accepted request ends exactly once with exactly the model's tokens."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from harness import invariants
 
-from .machine import BooksMachine
-from .utils import create_rig, expected_tokens
+from .machine import POLICY, BooksMachine, policy_rig
+from .utils import expected_tokens
 
 
 class SchedulerMachine(BooksMachine):
     @initialize(
-        chunked=st.booleans(),
-        caching=st.booleans(),
-        isolate=st.booleans(),
-        backlog=st.booleans(),
-        yield_tokens=st.sampled_from([0, 4, 192]),
+        **POLICY,
         max_wait_us=st.sampled_from([0.0, 2000.0]),
         num_kv_blocks=st.integers(12, 40),
     )
-    def setup(
-        self,
-        chunked: bool,
-        caching: bool,
-        isolate: bool,
-        backlog: bool,
-        yield_tokens: int,
-        max_wait_us: float,
-        num_kv_blocks: int,
-    ) -> None:
-        rig = create_rig(
-            num_kv_blocks=num_kv_blocks,
-            block_size=4,
-            max_model_len=48,
-            max_num_seqs=4,
-            max_num_batched_tokens=16 if chunked else 48,
-            backlog_batched_tokens=(32 if chunked else 64) if backlog else 0,
-            long_prefill_token_threshold=8,
-            enable_chunked_prefill=chunked,
-            enable_prefix_caching=caching,
-            isolate_priority_prefill=isolate,
-            lower_priority_prefill_tokens=yield_tokens,
-            priority_horizon_s=0.1,
-            max_queued_requests=6,
-            aging_per_s=2.0,
-            max_wait_us=max_wait_us,
-            session_kv_fraction=0.3,
-        )
-        self.start(rig)
+    def setup(self, **draws: Any) -> None:
+        self.start(policy_rig(**draws))
 
     @rule(k=st.integers(1, 4))
     def step(self, k: int) -> None:
