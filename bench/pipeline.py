@@ -240,7 +240,7 @@ def telemetry_cost(batch: int, traced: bool, steps: int = 2000) -> tuple[float, 
     outcome = hp.StepOutcome(seq_ids=range(batch), token_ids=[1] * batch)
     events = [Token(rid, 1, 0.0, 1) for rid in ids]
     plan = StepPlan(step_id=0, seq_ids=ids, num_decode_tokens=batch)
-    stats = SchedulerStats(batch, 0, 0, 1000, 8 * batch, 1000, 0, 0, 0, 0, 0, 0, 0, {})
+    stats = SchedulerStats(batch, 0, 0, 1000, 8 * batch, 1000, 0, 0, 0, 0, 0, 0, 0, 0, {})
     t0 = time.perf_counter()
     for _ in range(steps):
         worker.record(desc, outcome, time.time_ns(), 0.0)

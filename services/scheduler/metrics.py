@@ -42,6 +42,10 @@ class SchedulerMetrics:
             "tandem_num_preemptions", "Requests preempted (KV or priority)."
         )
         self._steps = f.counter("tandem_scheduler_steps", "Steps planned and sent to the worker.")
+        self._backlog_steps = f.counter(
+            "tandem_scheduler_backlog_steps",
+            "Of the steps, those given the larger budget while a backlog waited.",
+        )
         self._queue = f.histogram(
             "tandem_request_queue_time_seconds",
             "Time from arrival at the scheduler to first admission.",
@@ -68,13 +72,14 @@ class SchedulerMetrics:
             STEP_BUCKETS,
             "direction",
         )
-        self._last = (0, 0, 0, 0)
+        self._last = (0, 0, 0, 0, 0)
         self.set_model(self.model_name)
 
     def set_model(self, model_name: str) -> None:
         """Label the families with the model the worker serves (known once it is attached)."""
         families = (self._running, self._waiting, self._kv_usage, self._prefix_queries,
-                    self._prefix_hits, self._preemptions, self._steps, self._queue,
+                    self._prefix_hits, self._preemptions, self._steps, self._backlog_steps,
+                    self._queue,
                     self._prefill, self._decode, self._inference, self._hop)  # fmt: skip
         if model_name != self.model_name:
             # The placeholder series made before the worker was known would show as zeros.
@@ -87,6 +92,7 @@ class SchedulerMetrics:
         self.prefix_queries = self._prefix_queries.labels(m)
         self.prefix_hits = self._prefix_hits.labels(m)
         self.preemptions, self.steps = self._preemptions.labels(m), self._steps.labels(m)
+        self.backlog_steps = self._backlog_steps.labels(m)
         self.queue_time, self.prefill_time = self._queue.labels(m), self._prefill.labels(m)
         self.decode_time, self.inference_time = self._decode.labels(m), self._inference.labels(m)
         self.hop_to_worker = self._hop.labels(m, "to_worker")
@@ -96,13 +102,21 @@ class SchedulerMetrics:
         self.running.set(s.num_running)
         self.waiting.set(s.num_waiting)
         self.kv_usage.set(s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0)
-        now = (s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_steps)
-        for counter, new, old in zip(
-            (self.prefix_queries, self.prefix_hits, self.preemptions, self.steps),
-            now,
-            self._last,
-            strict=True,
-        ):
+        now = (
+            s.prefix_cache_queries,
+            s.prefix_cache_hits,
+            s.num_preemptions,
+            s.num_steps,
+            s.num_backlog_steps,
+        )
+        counters = (
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.steps,
+            self.backlog_steps,
+        )
+        for counter, new, old in zip(counters, now, self._last, strict=True):
             # A smaller total means a new core (the worker restarted): it counts from zero.
             delta = new - old if new >= old else new
             if delta:

@@ -93,8 +93,9 @@ class Scheduler(SchedulerState):
         self._expire(now)
         cfg = self.config
         top = self.traffic.top(now) if cfg.lower_priority_prefill_tokens else None
+        budget = cfg.step_tokens(self.waiting.num_tokens)
         builder = StepBuilder(
-            cfg.step_tokens(self.waiting.num_tokens),
+            budget,
             top,
             cfg.lower_priority_prefill_tokens,
             cfg.enable_chunked_prefill,
@@ -111,6 +112,8 @@ class Scheduler(SchedulerState):
             return StepPlan(self.next_step_id)
         plan, reqs = builder.plan(self.next_step_id, self.forget)
         self.next_step_id += 1
+        if budget > cfg.max_num_batched_tokens:
+            self.num_backlog_steps += 1
         self.forget = []
         self.flights.append(Flight(plan, reqs, now))
         return plan

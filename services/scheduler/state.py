@@ -53,6 +53,8 @@ class SchedulerStats:
     num_preemptions: int
     num_evictions: int
     num_steps: int
+    # Of the steps, those planned with the backlog's budget (`backlog_batched_tokens`).
+    num_backlog_steps: int
     # Finished requests by reason ("stop", "length", "cancelled", "deadline", "error").
     num_finished: Mapping[str, int]
 
@@ -79,6 +81,7 @@ class SchedulerState:
         self._orders = itertools.count()
         # The id of the next non-empty plan (the one being built, inside schedule()).
         self.next_step_id = 0
+        self.num_backlog_steps = 0
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -214,5 +217,6 @@ class SchedulerState:
             num_preemptions=s.num_preemptions,
             num_evictions=blocks.num_evictions,
             num_steps=s.next_step_id,
+            num_backlog_steps=s.num_backlog_steps,
             num_finished=dict(s.num_finished),
         )

@@ -121,6 +121,7 @@ def test_a_backlog_is_prefilled_in_larger_steps_until_it_is_worked_off() -> None
             counts.append(sum(len(s.token_ids) for s in plan.seqs))
         for req in burst:
             assert rig.worker.truth[req.seq_id][8:] == expected_tokens(req, 3)
+        assert rig.scheduler.stats().num_backlog_steps == (1 if backlog else 0)
         return counts
 
     # 80 prompt tokens wait: one step of 48 (six prompts), then 32 wait and steps are small again.

@@ -42,6 +42,7 @@ def stats(**kw: int) -> SchedulerStats:
         num_preemptions=0,
         num_evictions=0,
         num_steps=0,
+        num_backlog_steps=0,
     )
     base.update(kw)
     return SchedulerStats(**base, num_finished={})  # type: ignore[arg-type]
@@ -128,12 +129,21 @@ def test_a_step_record_names_the_first_sampled_requests_phase_as_its_parent(
 def test_scheduler_counters_never_go_back_when_the_core_starts_over() -> None:
     t = SchedulerTelemetry(None, SchedulerMetrics())
     t.on_model("m")
-    t.on_stats(stats(prefix_cache_queries=10, prefix_cache_hits=4, num_steps=3, kv_blocks_used=25))
+    t.on_stats(
+        stats(
+            prefix_cache_queries=10,
+            prefix_cache_hits=4,
+            num_steps=3,
+            num_backlog_steps=2,
+            kv_blocks_used=25,
+        )
+    )
     t.on_stats(stats(prefix_cache_queries=2, num_steps=1, num_running=1, num_waiting=2))
     m = t.metrics
     assert sample(m, "tandem_prefix_cache_queries_total") == 12
     assert sample(m, "tandem_prefix_cache_hits_total") == 4
     assert sample(m, "tandem_scheduler_steps_total") == 4
+    assert sample(m, "tandem_scheduler_backlog_steps_total") == 2
     assert sample(m, "tandem_num_requests_running") == 1
     assert sample(m, "tandem_num_requests_waiting") == 2
     assert sample(m, "tandem_kv_cache_usage_perc") == 0.0
