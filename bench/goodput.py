@@ -7,7 +7,10 @@ Two workloads: prompt 512 / output 256, and a chat-like mix (prompt 400, output 
 drawn uniformly within ±90%). For each, the rate grows by half from where it starts until one
 misses the SLO, then the bracket between the last rate held and the first missed is halved. Each
 rate sends about `--duration` seconds of arrivals, so the high rates reach a steady state.
-Prints one line a run and each workload's bracket; writes every run's summary as JSON.
+Near the knee one run of a rate can read twice another's tail: `--repeats N` runs each rate N
+times and counts it held when most runs hold it. `--compare FLAGS` runs the whole search again
+on a fresh pipeline with more flags, in the same run (an A/B on one machine; cards differ).
+Prints one line a run and each setting's brackets; writes every run's summary as JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import shlex
 import tempfile
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,8 +95,9 @@ def tail_shares(metrics: dict[str, str]) -> Callable[[], dict[str, float]]:
 
 
 class Sweep:
-    """Runs `tandem bench --rate` against one pipeline; each run sends other prompts (another
-    seed): the scheduler's prefix cache outlives a run."""
+    """Runs `tandem bench --rate` against one pipeline. Each run of a pipeline sends other
+    prompts (the scheduler's prefix cache outlives a run), and the same run of another pipeline
+    the same ones at the same times: the seed is the workload's, the rate's and the repeat's."""
 
     def __init__(
         self,
@@ -104,17 +109,26 @@ class Sweep:
     ):
         self.address, self.metrics, self.log_dir = address, metrics, log_dir
         self.duration_s, self.min_requests = duration_s, min_requests
-        self.seed = 100
         self.results: list[dict[str, Any]] = []
 
-    def run(self, name: str, shape: list[str], rate: float) -> bool:
-        """One rate; whether it held the SLO."""
-        self.seed += 1
-        out = self.log_dir / f"run{self.seed}.json"
+    def holds(self, name: str, shape: list[str], rate: float, repeats: int = 1) -> bool:
+        """Whether most of `repeats` runs of this rate held the SLO (stops once that is known)."""
+        held = missed = 0
+        while 2 * held <= repeats and 2 * missed < repeats:
+            if self.run(name, shape, rate, held + missed):
+                held += 1
+            else:
+                missed += 1
+        return 2 * held > repeats
+
+    def run(self, name: str, shape: list[str], rate: float, repeat: int = 0) -> bool:
+        """One run of a rate; whether it held the SLO."""
+        seed = zlib.crc32(f"{name}|{rate}|{repeat}".encode())
+        out = self.log_dir / f"run{len(self.results)}.json"
         # Arrivals span about duration_s at every rate, so a high rate reaches a steady state.
         requests = max(self.min_requests, round(rate * self.duration_s))
         load = ["--rate", str(rate), "--num-requests", str(requests), "--warmup", "2"]
-        load += ["--ignore-eos", "--seed", str(self.seed), "--no-progress", "--json", str(out)]
+        load += ["--ignore-eos", "--seed", str(seed), "--no-progress", "--json", str(out)]
         server_tails = tail_shares(self.metrics)
         tandem(["bench", "--backend", "tandem", "--url", self.address, *shape, *load])
         tails = server_tails()
@@ -125,6 +139,8 @@ class Sweep:
             {
                 "workload": name,
                 "rate": rate,
+                "repeat": repeat,
+                "seed": seed,
                 "requests": requests,
                 "meets_slo": ok,
                 "summary": summary,
@@ -142,7 +158,13 @@ class Sweep:
         return ok
 
     def search(
-        self, name: str, shape: list[str], start: float, max_rate: float, bisections: int
+        self,
+        name: str,
+        shape: list[str],
+        start: float,
+        max_rate: float,
+        bisections: int,
+        repeats: int = 1,
     ) -> tuple[float, float | None]:
         """The highest rate found to hold the SLO, and the lowest found to miss it (None if
         every rate up to max_rate held): rates grow by half until one misses, then the bracket
@@ -150,7 +172,7 @@ class Sweep:
         held, missed = 0.0, None
         rate = start
         while rate <= max_rate:
-            if self.run(name, shape, rate):
+            if self.holds(name, shape, rate, repeats):
                 held, rate = rate, round(rate * 1.5, 1)
             else:
                 missed = rate
@@ -159,7 +181,7 @@ class Sweep:
             rate = round((held + missed) / 2, 1)  # type: ignore[operator]
             if rate in (held, missed):
                 break
-            if self.run(name, shape, rate):
+            if self.holds(name, shape, rate, repeats):
                 held = rate
             else:
                 missed = rate
@@ -185,32 +207,55 @@ def main() -> None:
         help="more flags for the pipeline, e.g. '--max-num-batched-tokens 1024'",
     )
     parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="the search again on a fresh pipeline with these flags added (repeatable), "
+        'e.g. --compare="--backlog-batched-tokens 0"',
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each rate; held when most hold it"
+    )
+    parser.add_argument(
         "--workload", choices=sorted(WORKLOADS), action="append", help="only these (default: all)"
     )
     json_option(parser, "goodput.json")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     flags = ["--model", args.model, "--device", args.device, "--max-num-seqs", "256"]
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16", "--kv-cache-mb", "40000", "--ready-timeout", "600"]
     flags += shlex.split(args.serve_args)
-    log_dir = Path(tempfile.mkdtemp(prefix="tandem-goodput-"))
-    found: dict[str, tuple[float, float | None]] = {}
-    with pipeline(log_dir, *flags) as served:
-        sweep = Sweep(served.address, served.metrics, log_dir, args.duration, args.min_requests)
-        for name in args.workload or WORKLOADS:
-            shape, start = WORKLOADS[name]
-            found[name] = sweep.search(
-                name, shape, args.start or start, args.max_rate, args.bisections
-            )
-    for name, (held, missed) in found.items():
-        above = f"{missed} req/s missed it" if missed is not None else "no rate tried missed it"
-        print(f"goodput {name}: {held} req/s held the SLO; {above}")
+    settings = {args.serve_args or "as given": flags}
+    settings |= {extra: flags + shlex.split(extra) for extra in args.compare}
+    found: dict[str, dict[str, tuple[float, float | None]]] = {}
+    results: list[dict[str, Any]] = []
+    for setting, serve_flags in settings.items():
+        log_dir = Path(tempfile.mkdtemp(prefix="tandem-goodput-"))
+        with pipeline(log_dir, *serve_flags) as served:
+            sweep = Sweep(served.address, served.metrics, log_dir, args.duration, args.min_requests)
+            for name in args.workload or WORKLOADS:
+                shape, start = WORKLOADS[name]
+                found.setdefault(setting, {})[name] = sweep.search(
+                    name, shape, args.start or start, args.max_rate, args.bisections, args.repeats
+                )
+        results += [{"setting": setting, **run} for run in sweep.results]
+    for setting, brackets in found.items():
+        for name, (held, missed) in brackets.items():
+            above = f"{missed} req/s missed it" if missed is not None else "no rate tried missed it"
+            print(f"goodput {name} [{setting}]: {held} req/s held the SLO; {above}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
             {
-                "found": {k: {"held": h, "missed": m} for k, (h, m) in found.items()},
-                "runs": sweep.results,
+                "found": {
+                    setting: {k: {"held": h, "missed": m} for k, (h, m) in brackets.items()}
+                    for setting, brackets in found.items()
+                },
+                "repeats": args.repeats,
+                "runs": results,
             },
             indent=2,
         )
