@@ -56,7 +56,7 @@ def _sampling(req: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
     def get(name: str, default: float) -> float:
         value = getattr(s, name) if s.HasField(name) else default
         if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidRequest(f"sampling.{name}", f"must be a finite number, got {value}")
+            raise InvalidRequest(name, f"must be a finite number, got {value}")  # prefixed below
         return value
 
     try:

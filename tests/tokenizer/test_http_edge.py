@@ -49,6 +49,41 @@ def test_grpc_field_names_become_openais() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        # A field of several forms: the form the client meant, not the first one tried.
+        ({"prompt": [-5]}, "prompt[0]", "greater than or equal to 0"),
+        ({"prompt": [[1, 2], [3, -4]]}, "prompt[1][1]", "greater than or equal to 0"),
+        ({"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids[0]", "greater than or equal"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ({"prompt": "hi", "no_such": 1}, "no_such", "is not a parameter tandem supports"),
+    ],
+)
+def test_a_body_that_does_not_validate_is_named_by_its_field(
+    body: dict, param: str, message: str
+) -> None:
+    from pydantic import ValidationError
+
+    from services.tokenizer.http.errors import validation_error
+
+    with pytest.raises(ValidationError) as failed:
+        CompletionRequest(**body)
+    got_param, got_message = validation_error(failed.value.errors())
+    assert got_param == param and message in got_message
+
+
+def test_a_sampling_field_is_named_once_in_its_error() -> None:
+    from services.tokenizer.request import parse_generate
+    from tandem.v1 import generation_pb2 as pb
+
+    request = pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(temperature=float("inf")))
+    with pytest.raises(InvalidRequest) as failed:
+        parse_generate(request, "m", 100, 64)
+    assert failed.value.field == "sampling.temperature"
+    assert str(failed.value) == "sampling.temperature: must be a finite number, got inf"
+
+
 def test_api_keys() -> None:
     keys = ApiKeys(["k1", "k2"])
     assert keys.required and keys.allows("Bearer k1") and keys.allows("bearer k2")

@@ -31,7 +31,7 @@ from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailabl
 from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
-from services.tokenizer.http.errors import error_body, http_error
+from services.tokenizer.http.errors import error_body, http_error, validation_error
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.schemas import (
@@ -95,16 +95,12 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {}
-        path = [p for p in first.get("loc", ()) if p != "body"]
-        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
-        error_type = first.get("type")
-        message = str(first.get("msg", "is not valid"))
-        if error_type == "extra_forbidden":
-            message = "is not a parameter tandem supports"
-        elif error_type == "json_invalid":
+        errors = err.errors()
+        param, message = validation_error(errors)
+        if errors and errors[0].get("type") == "json_invalid":
             return JSONResponse(error_body(400, f"the body is not valid JSON: {message}"), 400)
-        return JSONResponse(error_body(400, f"{param}: {message}", param or None), 400)
+        body = error_body(400, f"{param or 'the body'}: {message}", param or None)
+        return JSONResponse(body, 400)
 
     @app.exception_handler(HTTPException)
     async def http_exception(request: Request, err: HTTPException) -> JSONResponse:

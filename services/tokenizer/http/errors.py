@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grpc
 
@@ -60,6 +62,37 @@ def openai_field(field: str, chat: bool) -> str:
 
 
 ErrorBody = dict[str, dict[str, str | int | None]]
+
+# How pydantic names a mismatch of type rather than of value: for a field of several forms (a
+# union) each form it is not gives one, so they say least about what the client meant.
+_TYPE_MISMATCH = re.compile(r"_type$|_parsing$")
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """The parameter and message of a body that did not validate. A field of several forms
+    fails once per form: the error reported is of the same field, a value's limit before a
+    mismatch of type, then the one that went deepest into the value (the form meant)."""
+    if not errors:
+        return "", "is not valid"
+
+    def field(error: Mapping[str, Any]) -> object:
+        return next((p for p in error.get("loc", ()) if p != "body"), None)
+
+    same = [e for e in errors if field(e) == field(errors[0])]
+    first = max(
+        same,
+        key=lambda e: (not _TYPE_MISMATCH.search(str(e.get("type"))), len(e.get("loc", ()))),
+    )
+    # The body's own name and the names pydantic gives a union's forms ("list[str]") go.
+    path = [p for p in first.get("loc", ()) if p != "body" and not _is_form(p)]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    if first.get("type") == "extra_forbidden":
+        return param, "is not a parameter tandem supports"
+    return param, str(first.get("msg", "is not valid"))
+
+
+def _is_form(part: object) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
 def error_body(
