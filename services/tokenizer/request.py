@@ -14,6 +14,8 @@ from tandem.v1 import generation_pb2 as pb
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+MAX_STOP_TOKEN_IDS = 1024  # a request's set lives as long as it does, queued ones included
+MAX_ID_LENGTH = 128  # request_id, session_id
 # A prompt's text can hardly carry fewer than this many characters per token; longer text
 # could never fit the context, so it is refused before the tokenizer spends time on it.
 MAX_CHARS_PER_TOKEN = 64
@@ -129,9 +131,17 @@ def parse_generate(
         raise InvalidRequest(
             "stop", f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_LENGTH} characters"
         )
+    if len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequest(
+            "stop_token_ids",
+            f"{len(req.stop_token_ids)} ids given, at most {MAX_STOP_TOKEN_IDS}",
+        )
     _check_ids("stop_token_ids", req.stop_token_ids, vocab_size)
-    if len(req.request_id) > 128 or len(req.session_id) > 128:
-        raise InvalidRequest("request_id", "request_id and session_id are at most 128 characters")
+    for name in ("request_id", "session_id"):
+        if len(getattr(req, name)) > MAX_ID_LENGTH:
+            raise InvalidRequest(
+                name, f"{len(getattr(req, name))} characters, at most {MAX_ID_LENGTH}"
+            )
     return GenerateSpec(
         request_id=req.request_id or uuid.uuid4().hex,
         text=text,

@@ -84,6 +84,25 @@ def test_a_sampling_field_is_named_once_in_its_error() -> None:
     assert str(failed.value) == "sampling.temperature: must be a finite number, got inf"
 
 
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"session_id": "s" * 129}, "session_id", "129 characters, at most 128"),
+        ({"request_id": "r" * 200}, "request_id", "200 characters, at most 128"),
+        ({"stop_token_ids": list(range(1025))}, "stop_token_ids", "1025 ids given, at most 1024"),
+    ],
+)
+def test_a_field_past_its_bound_is_named_with_its_size(
+    fields: dict, field: str, message: str
+) -> None:
+    from services.tokenizer.request import parse_generate
+    from tandem.v1 import generation_pb2 as pb
+
+    with pytest.raises(InvalidRequest) as failed:
+        parse_generate(pb.GenerateRequest(text="hi", **fields), "m", 2000, 64)
+    assert failed.value.field == field and str(failed.value) == f"{field}: {message}"
+
+
 def test_api_keys() -> None:
     keys = ApiKeys(["k1", "k2"])
     assert keys.required and keys.allows("Bearer k1") and keys.allows("bearer k2")
