@@ -10,8 +10,9 @@ from services.settings import flag
 from services.telemetry.config import TelemetryConfig
 from services.tls import TlsSettings
 
-# The backlog budget where none is given: on a GPU larger steps end bursts sooner and hold lower
-# tails under Poisson load; on a CPU they cost throughput (bench/RESULTS-gpu.md, session 49).
+# The backlog budget where none is given: on a GPU the larger steps end bursts sooner without
+# the steady loss of goodput a larger fixed budget has; on a CPU they cost throughput
+# (bench/RESULTS-gpu.md, session 49; bench/RESULTS-cpu.md).
 BACKLOG_ON_CUDA = 8192
 
 
