@@ -152,8 +152,8 @@ async def test_a_policy_that_cannot_schedule_the_model_fails_the_start_naming_wh
     and exits, where it used to retry the attach until the launcher's ready timeout."""
     flags = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "16")
     failed = await _start_fails(tmp_path, *flags)
-    assert failed == "scheduler exited with code 2 while starting"
-    err = capfd.readouterr().err
+    err = capfd.readouterr().err  # shown with any failure below: the processes' own account
+    assert failed == "scheduler exited with code 2 while starting", err
     assert "scheduler cannot start: the worker at" in err
     assert "max_num_batched_tokens must be >= max_model_len when chunked prefill is off" in err
 
