@@ -38,6 +38,9 @@ _RESTART_WINDOW_S = 30.0
 _MAX_RESTART_DELAY_S = 10.0
 # Times a process killed by a signal before it first served is started again.
 _START_ATTEMPTS = 3
+# A health stream ended by the server going away, and the pause before it is watched again.
+_CUT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+_REWATCH_S = 0.1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -236,23 +239,31 @@ class Supervisor:
 
 
 async def wait_serving(address: str, timeout_s: float) -> None:
-    """Wait until the gRPC health service at `address` reports SERVING (it streams changes)."""
+    """Wait until the gRPC health service at `address` reports SERVING (it streams changes).
+
+    A stream the server cuts (it is stopping) is watched again until the deadline: a process whose
+    start fails after the watch connected is then reported by its exit code, which names why, and
+    not by the cut, which raced it (a flaky launcher test was this race)."""
     # Reconnect within a second: grpc's default back-off (up to 120 s) would see a slow starter
     # serve long after it did, and report a crash meanwhile as one "while starting".
     options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
+    deadline = time.monotonic() + timeout_s
     async with aio.insecure_channel(address, options) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        watch = stub.Watch(
-            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True
-        )
-        try:
-            async for reply in watch:
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise TimeoutError(f"{address} not serving after {timeout_s:.0f} s") from None
-            raise
-        finally:
-            watch.cancel()
-        raise TimeoutError(f"{address} stopped answering health checks")
+        while (left := deadline - time.monotonic()) > 0:
+            watch = stub.Watch(
+                health_pb2.HealthCheckRequest(service=""), timeout=left, wait_for_ready=True
+            )
+            try:
+                async for reply in watch:
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break
+                if err.code() not in _CUT:
+                    raise
+            finally:
+                watch.cancel()
+            await asyncio.sleep(_REWATCH_S)
+    raise TimeoutError(f"{address} not serving after {timeout_s:.0f} s")

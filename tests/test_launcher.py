@@ -66,6 +66,22 @@ async def test_a_restart_cut_short_is_logged_once_and_no_error(
                      if ended_by == "another kill" else [])  # fmt: skip
 
 
+async def test_a_start_that_fails_after_the_health_watch_connected_is_named_by_its_exit() -> None:
+    """The server's stop cuts the launcher's health watch before the process exits: the start's
+    failure is still its exit code (the scheduler's own message is in its stderr), not the cut."""
+    address = f"127.0.0.1:{free_port()}"
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    supervisor = Supervisor(dict(os.environ, PYTHONPATH=path), ready_timeout_s=120)
+    try:
+        with pytest.raises(LaunchFailed) as failed:
+            await supervisor.start(
+                lambda port: ProcessSpec("stand-in", "launcher_standin", [address], address, 10)
+            )
+    finally:
+        await supervisor.stop_all()
+    assert str(failed.value) == "stand-in exited with code 2 while starting"
+
+
 def _taken(port: int) -> socket.socket:
     """Another process's listener on `port`."""
     sock = socket.socket()
