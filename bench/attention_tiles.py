@@ -23,7 +23,7 @@ import json
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from engine.kernels.paged_decode import PagedDecode, Tiling
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT = 32, 8, 128, 16, 8192
@@ -32,7 +32,7 @@ KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     json_option(parser, "attention.json")
     args = parser.parse_args()
     cuda = torch.device("cuda")

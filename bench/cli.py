@@ -18,6 +18,12 @@ def json_option(parser: argparse.ArgumentParser, filename: str) -> None:
     )
 
 
+def first_paragraph(doc: str | None) -> str:
+    """A module docstring's first paragraph, for `--help`: its first line alone stops
+    mid-sentence where the paragraph wraps."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 def tandem_home() -> Path:
     """Where model files are cached: $TANDEM_HOME, else ~/.cache/tandem (as the CLI has it)."""
     return Path(os.environ.get("TANDEM_HOME", "~/.cache/tandem")).expanduser()

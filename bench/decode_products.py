@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from bench import cublaslt
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from bench.gpu_measure import copy_bandwidth, matmul_rate
 from bench.row_tiles import L2_PASS, graph_seconds
 
@@ -177,7 +177,7 @@ def summarize(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--rows", default="16,64,128,256")
     parser.add_argument("--kernels", default="cublas,lt,triton", help="families to time")
     json_option(parser, "decode_products.json")

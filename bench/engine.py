@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cli import tandem_home
+from bench.cli import first_paragraph, tandem_home
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -76,7 +76,7 @@ def bench_decode(engine: Engine, batch: int, context: int, steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default=registry.DEFAULT_MODEL)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from bench.row_tiles import DIM, FFN, L2_PASS, QKV, graph_seconds
 from engine.kernels.fp8_rows import rows_to_fp8
 from engine.kernels.w8a16 import FP8_SMALL_M, w8a16_matmul
@@ -33,7 +33,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     json_option(parser, "fp8_small_m.json")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}; FP8_SMALL_M = {FP8_SMALL_M} today")

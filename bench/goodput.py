@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from harness.pipeline import pipeline
 from services.cli import main as tandem
 
@@ -189,7 +189,7 @@ class Sweep:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="llama3-8b-random")
     parser.add_argument("--device", default="cuda")
     parser.add_argument(

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_clock import parse_samples, sampling
 from bench.gpu_fp8 import measure_fp8
 from bench.gpu_hf import hf_generate, hf_model
@@ -203,7 +203,7 @@ def measure_8b(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     json_option(parser, "gpu.json")
     parser.add_argument("--quick", action="store_true", help="fewer steps, smaller batches")
     parser.add_argument("--skip-pipeline", action="store_true")

@@ -30,7 +30,7 @@ from typing import Any, cast
 
 import torch
 
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from bench.gpu_measure import batch1_decode, copy_bandwidth, graph_only, weight_bytes
 from engine import registry
 from engine.engine import Engine
@@ -182,7 +182,7 @@ def products(engine: Engine, row_decoder: RowDecoder) -> dict[str, Callable[...,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     json_option(parser, "gpu_70b.json")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--sweep-seconds", type=float, default=60.0, help="0: no tile sweep")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_measure import random_prompt
 from engine import registry
 from engine.batch import SeqInput
@@ -85,7 +85,7 @@ def syncs_in_submit(engine: Engine, batch: list[SeqInput]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="llama3-8b-random")
     json_option(parser, "launch_waits.json")
     args = parser.parse_args()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_measure import random_prompt
 from engine import registry
 from engine.batch import SeqInput
@@ -76,7 +76,7 @@ def measure(engine: Engine, rows: list[SeqInput], repeats: int = 7) -> dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="llama3-8b-random", help="a registry name or a path")
     json_option(parser, "mixed_steps.json")
     args = parser.parse_args()

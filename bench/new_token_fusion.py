@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_measure import random_prompt, timed
 from engine import registry
 from engine.batch import SeqInput
@@ -30,7 +30,7 @@ VARIANTS = {True: "in attention", False: "RoPE + store kernel"}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="llama3-8b-random", help="a model name or path")
     parser.add_argument("--context", type=int, default=640, help="tokens each sequence holds")
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 64, 256],

@@ -32,7 +32,7 @@ import torch
 from grpc import aio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from bench.cli import tandem_home
+from bench.cli import first_paragraph, tandem_home
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -278,7 +278,7 @@ class SpanSink(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default=registry.DEFAULT_MODEL)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_clock import parse_samples, sampling, summarize
 from bench.gpu_measure import held_matmul_rates, matmul_rate, ttft
 from engine import registry
@@ -31,7 +31,7 @@ from engine.engine import Engine
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     json_option(parser, "power_limit.json")
     parser.add_argument("--seconds", type=float, default=8.0, help="how long the rate is held")
     args = parser.parse_args()

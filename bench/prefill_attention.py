@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from bench.row_tiles import graph_seconds
 from engine.kernels.prefill_attention import prefill_attention
 
@@ -77,7 +77,7 @@ def measure(model: str, length: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     json_option(parser, "prefill_attention.json")
     args = parser.parse_args()
     print(torch.cuda.get_device_name())

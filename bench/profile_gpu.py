@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_measure import prefill_params, weight_bytes
 from engine import registry
 from engine.batch import SeqInput
@@ -106,7 +106,7 @@ def profiled(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="llama3-8b-random")
     json_option(parser, "profile.json")
     parser.add_argument(

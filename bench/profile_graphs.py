@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.cli import json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home
 from bench.gpu_measure import copy_bandwidth, random_prompt
 from bench.profile_gpu import kind_of
 from engine import registry
@@ -154,7 +154,7 @@ def many_rows(path: Path, rows: list[int], context: int, repeats: int) -> dict[i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="llama3-8b-random", help="a model name or path")
     parser.add_argument("--context", type=int, default=512, help="tokens each sequence holds")
     parser.add_argument("--rows", type=int, nargs="*", default=[64, 256],

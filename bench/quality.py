@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.cli import tandem_home
+from bench.cli import first_paragraph, tandem_home
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -87,7 +87,7 @@ FORMATS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--device", choices=sorted(FORMATS), default="cpu")
     parser.add_argument("--model", default=registry.DEFAULT_MODEL)
     parser.add_argument("--json", type=Path)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import json_option
+from bench.cli import first_paragraph, json_option
 from bench.gpu_measure import copy_bandwidth
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.row_gemv import NORM, PLAIN, RESIDUAL, STORE, SWIGLU, _tile, row_gemv
@@ -112,7 +112,7 @@ def measure(name: str, fmt: str, bandwidth: float) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--formats", default="bf16,int8,fp8")
     json_option(parser, "row_tiles.json")
     args = parser.parse_args()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,17 @@ async def test_bad_flags_exit_2(
 ) -> None:
     assert await tandem("bench", *argv) == 2
     assert complaint in capsys.readouterr().err
+
+
+def test_a_benchmarks_help_says_its_whole_first_paragraph() -> None:
+    """`--help` of a benchmark states what it measures: the docstring's first paragraph, where its
+    first line alone stopped mid-sentence ("… arrival rate (`tandem bench --rate`) that")."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.goodput", "--help"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    help_text = " ".join(run.stdout.split())
+    assert "that holds TTFT p99 ≤ 500 ms and ITL p99 ≤ 50 ms, as vLLM and SGLang publish it." in (
+        help_text
+    )
+    assert "python -m bench.goodput" not in help_text  # the usage example stays in the docstring
