@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 
 from grpc import aio
 
 from services.errors import Unavailable
-from services.tokenizer.admission import Admission, off_the_loop_if_long
-from services.tokenizer.request import check_model
+from services.tokenizer.admission import Admission
+from services.tokenizer.tokenizing import detokenize, tokenize
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 
@@ -36,22 +35,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: aio.ServicerContext
     ) -> pb.TokenizeResponse:
-        check_model(request.model, self.admission.model_name)
-        messages = None
-        if request.WhichOneof("input") == "chat":
-            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-        allow_special = not request.split_special_tokens
-        ids = await self.admission.encode(request.text, messages, allow_special=allow_special)
-        return pb.TokenizeResponse(token_ids=ids)
+        return pb.TokenizeResponse(token_ids=await tokenize(self.admission, request))
 
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: aio.ServicerContext
     ) -> pb.DetokenizeResponse:
-        check_model(request.model, self.admission.model_name)
-        ids = list(request.token_ids)
-        tokenizer = self.admission.tokenizer
-        decode = partial(tokenizer.decode, ids, skip_special=request.skip_special_tokens)
-        return pb.DetokenizeResponse(text=await off_the_loop_if_long(len(ids), decode))
+        return pb.DetokenizeResponse(text=await detokenize(self.admission, request))
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: aio.ServicerContext

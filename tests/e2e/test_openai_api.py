@@ -187,6 +187,44 @@ def test_request_id_is_taken_and_echoed(served: Pipeline) -> None:
         assert "tandem_request_success_total" in http.get(f"{root}/metrics").text
 
 
+def test_tokenize_gives_the_ids_a_request_runs_and_detokenize_the_text(
+    served: Pipeline, sdk: openai.OpenAI, grpc_client: Client
+) -> None:
+    """vLLM's /tokenize and /detokenize: the ids equal the gRPC API's and count as the prompt
+    tokens of a completion (or, through the template, a chat completion) of the same prompt."""
+    root = served.http_url.removesuffix("/v1")
+    with httpx.Client(base_url=root, timeout=60) as http:
+        text = http.post("/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()
+        chat = http.post("/tokenize", json={"messages": CHAT, "model": ""}).json()
+        back = http.post("/detokenize", json={"tokens": text["tokens"]}).json()
+        unknown = http.post("/detokenize", json={"tokens": [10**6]})
+        (model,) = http.get("/v1/models").json()["data"]
+    assert text["tokens"] == grpc_client.tokenize(PROMPT) and text["count"] == len(text["tokens"])
+    completion = sdk.completions.create(model="", prompt=PROMPT, max_tokens=1)
+    assert completion.usage is not None and completion.usage.prompt_tokens == text["count"]
+    assert "".join(text["token_strs"]).endswith(PROMPT) and back["prompt"].endswith(PROMPT)
+    assert chat["tokens"] == grpc_client.tokenize(messages=CHAT)
+    reply = sdk.chat.completions.create(model="", messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+    assert reply.usage is not None and reply.usage.prompt_tokens == chat["count"]
+    assert chat["token_strs"] is None and chat["max_model_len"] == model["max_model_len"]
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "tokens"
+
+
+def test_a_body_over_the_limit_is_refused_and_the_server_serves_on(
+    served: Pipeline, sdk: openai.OpenAI
+) -> None:
+    """The same 64 MiB as a gRPC message: past it, 413 before the body is read whole."""
+    prompt = "x" * (64 << 20)
+    with httpx.Client(base_url=served.http_url, timeout=120) as http:
+        refused = http.post("/completions", json={"prompt": prompt, "max_tokens": 1})
+    assert refused.status_code == 413
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].endswith("bytes; this server takes at most 67108864")
+    reply = sdk.completions.create(model="", prompt=PROMPT, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+
+
 def test_closing_a_stream_cancels_the_request_and_frees_its_kv(served: Pipeline) -> None:
     async def scenario():  # type: ignore[no-untyped-def]
         before = await stats_when(served.scheduler_address, idle, "an idle pipeline")

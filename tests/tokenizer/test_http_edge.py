@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
+from starlette.exceptions import HTTPException
 
 from engine.errors import InvalidRequest
 from services.errors import NotFound, ResourceExhausted, ServiceError, Unauthenticated, Unavailable
 from services.tokenizer.auth import ApiKeys
-from services.tokenizer.http.convert import chat_plan, completion_plan
+from services.tokenizer.http.body_limit import BodyLimit
+from services.tokenizer.http.convert import (
+    chat_plan,
+    completion_plan,
+    detokenize_request,
+    tokenize_request,
+)
 from services.tokenizer.http.errors import http_error, openai_field
-from services.tokenizer.http.schemas import ChatCompletionRequest, CompletionRequest
+from services.tokenizer.http.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 
 @pytest.mark.parametrize(
@@ -180,3 +197,76 @@ def test_completion_prompts() -> None:
     for refused in ({"echo": True}, {"suffix": "x"}):
         with pytest.raises(InvalidRequest):
             completion_plan(CompletionRequest(prompt="x", **refused), "r", "m")  # type: ignore[arg-type]
+
+
+def test_tokenize_bodies_convert_to_the_grpc_requests() -> None:
+    parts = [{"type": "text", "text": "a"}]
+    body = TokenizeRequest.model_validate({"messages": [{"role": "developer", "content": parts}]})
+    chat_form = tokenize_request(body, "m")
+    assert chat_form.WhichOneof("input") == "chat"
+    assert [(m.role, m.content) for m in chat_form.chat.messages] == [("system", "a")]
+    assert tokenize_request(TokenizeRequest(prompt="hi", model="m"), "m").text == "hi"
+    both = TokenizeRequest.model_validate({"prompt": "a", "messages": [{"role": "user"}]})
+    for neither_or_both in (TokenizeRequest(), both):
+        with pytest.raises(InvalidRequest, match="give either a prompt or messages"):
+            tokenize_request(neither_or_both, "m")
+    with pytest.raises(NotFound):
+        tokenize_request(TokenizeRequest(prompt="a", model="gpt-4o"), "m")
+    assert list(detokenize_request(DetokenizeRequest(tokens=[0, 9]), "m", 10).token_ids) == [0, 9]
+    with pytest.raises(InvalidRequest, match=r"ids \[10\] are outside \[0, 10\)") as err:
+        detokenize_request(DetokenizeRequest(tokens=[3, 10]), "m", 10)
+    assert err.value.field == "tokens"
+
+
+def _echo_app(limit: int) -> TestClient:
+    """BodyLimit in front of an app that answers with the size of the body it read."""
+    app = FastAPI()
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, err: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": err.detail}, status_code=err.status_code)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"read": len(await request.body())}
+
+    app.add_middleware(BodyLimit, limit=limit)
+    return TestClient(app)
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read_whole() -> None:
+    client = _echo_app(limit=100)
+    assert client.post("/echo", content=b"x" * 100).json() == {"read": 100}
+    by_length = client.post("/echo", content=b"x" * 101)
+    assert by_length.status_code == 413
+    assert by_length.json()["error"]["message"] == (
+        "the body is 101 bytes; this server takes at most 100"
+    )
+
+
+async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
+    """No Content-Length: the bytes are counted as they arrive, and the rest is never read."""
+    app = _echo_app(limit=100).app
+    pulled = 0
+
+    async def receive() -> dict[str, object]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": b"x" * 60, "more_body": pulled < 1000}
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/echo", "raw_path": b"/echo", "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/octet-stream")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+    }  # fmt: skip
+    await app(scope, receive, send)  # type: ignore[arg-type]
+    assert pulled == 2  # 120 bytes read of 60,000
+    assert sent[0]["status"] == 413
+    message = "the body is more than 100 bytes; this server takes at most 100"
+    assert json.loads(sent[1]["body"]) == {"error": message}  # type: ignore[arg-type]

@@ -2,12 +2,14 @@
 
     POST /v1/chat/completions, POST /v1/completions   (SSE with "stream": true)
     GET  /v1/models
+    POST /tokenize, POST /detokenize   (vLLM's)
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
     GET  /metrics   the process's Prometheus registry (no key needed)
 
 Each generation request becomes the gRPC API's `GenerateRequest`s (convert.py), run by the same
 admission path (generations.py): the same validation, backpressure, priority, tracing and
-metrics as gRPC. A client that goes away cancels its request, streamed or not.
+metrics as gRPC. A client that goes away cancels its request, streamed or not. A body over
+the gRPC door's message limit is refused with 413 before it is read whole.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import EngineError
+from services.client_types import MAX_MESSAGE_BYTES
 from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailable
 from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
+from services.tokenizer.http.body_limit import BodyLimit
 from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
 from services.tokenizer.http.errors import error_body, http_error, validation_error
 from services.tokenizer.http.generations import Generations
@@ -42,12 +46,13 @@ from services.tokenizer.http.schemas import (
     ErrorResponse,
     ModelList,
 )
+from services.tokenizer.http.tokenize_routes import tokenize_routes
 from shm.errors import ShmError
 
 T = TypeVar("T")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503)
 }
 
 
@@ -178,6 +183,8 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
             await generations.aclose()
 
     app.include_router(v1)
+    app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS))
+    app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES)
     app.add_middleware(_RequestId)
     return app
 

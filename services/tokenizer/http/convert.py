@@ -8,7 +8,14 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
 from services.errors import NotFound
-from services.tokenizer.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from services.tokenizer.http.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    _Sampling,
+)
 from tandem.v1 import generation_pb2 as pb
 
 MAX_PROMPTS = 64  # prompts of one completions request
@@ -31,23 +38,7 @@ class Plan:
 def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
     _refuse_unsupported_chat(body)
     request = _common(body, request_id, model_name)
-    for i, message in enumerate(body.messages):
-        if message.tool_calls:
-            raise InvalidRequest(f"messages[{i}].tool_calls", "tool calls are not supported yet")
-        content = message.content
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise InvalidRequest(
-                        f"messages[{i}].content[{j}].type",
-                        f"{part.type!r} content is not supported yet: only text",
-                    )
-                texts.append(part.text)
-            content = "\n".join(texts)
-        request.chat.messages.add(
-            role=_ROLES.get(message.role, message.role), content=content or ""
-        )
+    _add_messages(request.chat, body.messages)
     max_tokens = body.max_completion_tokens or body.max_tokens  # both at least 1
     if max_tokens is not None:
         request.max_tokens = max_tokens
@@ -77,6 +68,47 @@ def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -
             request.token_ids.ids.extend(prompt)
         requests.append(request)
     return _plan(body, requests, body.logprobs)
+
+
+def tokenize_request(body: TokenizeRequest, model_name: str) -> pb.TokenizeRequest:
+    _check_model(body.model, model_name)
+    if (body.prompt is None) == (body.messages is None):
+        raise InvalidRequest("prompt", "give either a prompt or messages")
+    request = pb.TokenizeRequest(model=body.model or "")
+    if body.messages is not None:
+        _add_messages(request.chat, body.messages)
+    else:
+        request.text = body.prompt or ""
+    return request
+
+
+def detokenize_request(
+    body: DetokenizeRequest, model_name: str, vocab_size: int
+) -> pb.DetokenizeRequest:
+    _check_model(body.model, model_name)
+    bad = [t for t in body.tokens if t >= vocab_size]
+    if bad:
+        raise InvalidRequest("tokens", f"ids {bad[:5]} are outside [0, {vocab_size})")
+    return pb.DetokenizeRequest(model=body.model or "", token_ids=body.tokens)
+
+
+def _add_messages(chat: pb.ChatMessages, messages: list[ChatMessage]) -> None:
+    """Text messages into the gRPC API's chat; tool calls and what is not text are refused."""
+    for i, message in enumerate(messages):
+        if message.tool_calls:
+            raise InvalidRequest(f"messages[{i}].tool_calls", "tool calls are not supported yet")
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequest(
+                        f"messages[{i}].content[{j}].type",
+                        f"{part.type!r} content is not supported yet: only text",
+                    )
+                texts.append(part.text)
+            content = "\n".join(texts)
+        chat.messages.add(role=_ROLES.get(message.role, message.role), content=content or "")
 
 
 def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) -> Plan:
@@ -109,10 +141,14 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str 
     return list(prompt)  # type: ignore[arg-type]
 
 
-def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateRequest:
-    if body.model and body.model != model_name:
-        raise NotFound("model", f"the model {body.model!r} does not exist; this server serves "
+def _check_model(model: str | None, model_name: str) -> None:
+    if model and model != model_name:
+        raise NotFound("model", f"the model {model!r} does not exist; this server serves "
                        f"{model_name!r}")  # fmt: skip
+
+
+def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateRequest:
+    _check_model(body.model, model_name)
     if body.best_of not in (None, 1):
         raise InvalidRequest("best_of", "is not supported yet (n sequences are: use n)")
     request = pb.GenerateRequest(

@@ -35,6 +35,7 @@ ERROR_TYPE = {
     403: "permission_error",
     404: "invalid_request_error",
     409: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",
     503: "service_unavailable",

@@ -100,6 +100,18 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None  # refused
 
 
+class TokenizeRequest(_Request):  # vLLM's /tokenize: a prompt, or messages
+    model: str | None = None
+    prompt: str | None = None  # the ids a completion of it runs
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None  # a chat's
+    return_token_strs: bool | None = None  # each token's text beside its id
+
+
+class DetokenizeRequest(_Request):  # vLLM's /detokenize
+    model: str | None = None
+    tokens: TokenIds
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -187,3 +199,14 @@ class Model(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"]
     data: list[Model]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
