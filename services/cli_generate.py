@@ -167,7 +167,13 @@ def _report(command: str, err: TandemError, client: Client) -> bool:
     # UNAVAILABLE is also what a live server says while its scheduler restarts: only blame the
     # address when the channel really cannot connect.
     unreachable = err.code == grpc.StatusCode.UNAVAILABLE and not client.connected()
-    if unreachable:
+    if unreachable and "Failed parsing HTTP/2" in err.message:  # something answered, not gRPC
+        message = (
+            f"{client.address} answers, but not in gRPC (tandem's OpenAI-compatible HTTP port?); "
+            f"--server takes tandem's gRPC address (`tandem serve --port`, {DEFAULT_SERVER} "
+            "by default)"
+        )
+    elif unreachable:
         message = (
             f"the server is not reachable at {client.address}; start one with `tandem serve` "
             f"or point --server at it ({err.message})"

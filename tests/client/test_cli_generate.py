@@ -7,6 +7,8 @@ import asyncio
 import io
 import json
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -110,6 +112,32 @@ async def test_generate_unreachable_says_how_to_start_a_server(
         "start one with `tandem serve`"
     )
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+class _QuietHandler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_generate_at_an_http_port_says_it_is_not_grpc(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The commonest slip: --server given the OpenAI-compatible HTTP port."""
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{http.server_address[1]}"
+    try:
+        code = await tandem("generate", "--server", address, "--prompt", "x")
+    finally:
+        http.shutdown()
+        http.server_close()
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err == (
+        f"tandem generate: error: UNAVAILABLE: {address} answers, but not in gRPC (tandem's "
+        "OpenAI-compatible HTTP port?); --server takes tandem's gRPC address (`tandem serve "
+        "--port`, 127.0.0.1:50051 by default)\n"
+    )
 
 
 async def test_unavailable_from_a_live_server_is_its_own_message(
