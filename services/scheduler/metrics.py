@@ -30,7 +30,9 @@ class SchedulerMetrics:
             "Requests waiting to be scheduled (preempted ones included).",
         )
         self._kv_usage = f.gauge(
-            "tandem_kv_cache_usage_perc", "Share of the KV-cache blocks held by requests (0 to 1)."
+            "tandem_kv_cache_usage_perc",
+            "Share of the KV-cache blocks held by sequences and by sessions kept for their "
+            "next turn (0 to 1).",
         )
         self._prefix_queries = f.counter(
             "tandem_prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
