@@ -10,14 +10,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self, Unpack
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
-from services.client_base import ClientBase, GenerationBase, not_ready
+from services.client_base import REWATCH_S, ClientBase, GenerationBase, not_ready, watch_again
 from services.client_sync import Client
 from services.client_types import (
     Delta,
@@ -113,16 +114,19 @@ class TandemClient(ClientBase[Generation]):
 
     async def wait_ready(self, timeout: float, service: str = "") -> None:
         """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
-        watch = self._watch(timeout, service)
-        try:
-            async for reply in watch:
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except aio.AioRpcError as err:
-            raise not_ready(err, self.address, timeout) from None
-        finally:
-            watch.cancel()
-        raise TandemError(grpc.StatusCode.UNAVAILABLE, f"{self.address} stopped its health watch")
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            watch = self._watch(left, service)
+            try:
+                async for reply in watch:
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except aio.AioRpcError as err:
+                watch_again(err, self.address, timeout)
+            finally:
+                watch.cancel()
+            await asyncio.sleep(REWATCH_S)
+        raise not_ready(self.address, timeout)
 
     async def _unary(
         self, method: Any, request: Any, timeout: float | None, value: Callable[[Any], Any]

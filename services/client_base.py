@@ -24,12 +24,26 @@ from services.client_types import (
 from tandem.v1 import generation_pb2 as pb
 from tandem.v1 import generation_pb2_grpc
 
+# A health watch the server cut (it is stopping, or restarting) is watched again after a pause
+# until the deadline: waiting for ready rides out a restart, as wait_for_ready rides out a server
+# that is not listening yet.
+_CUT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+REWATCH_S = 0.1
 
-def not_ready(err: grpc.RpcError, address: str, timeout: float) -> TandemError:
+
+def not_ready(address: str, timeout: float) -> TandemError:
+    return TandemError(
+        grpc.StatusCode.DEADLINE_EXCEEDED, f"{address} was not ready within {timeout:g} s"
+    )
+
+
+def watch_again(err: grpc.RpcError, address: str, timeout: float) -> None:
+    """Return when a health watch that failed so is to be watched again; else raise its error."""
     error = TandemError.from_rpc(err)
     if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return TandemError(error.code, f"{address} was not ready within {timeout:g} s")
-    return error
+        raise not_ready(address, timeout) from None
+    if error.code not in _CUT:
+        raise error from None
 
 
 class GenerationBase:

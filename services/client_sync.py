@@ -9,13 +9,14 @@ No event loop and no thread of ours: grpc's own threads come and go with its cal
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Self, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2
 
-from services.client_base import ClientBase, GenerationBase, not_ready
+from services.client_base import REWATCH_S, ClientBase, GenerationBase, not_ready, watch_again
 from services.client_types import Delta, GenerateOptions, GenerationResult, TandemError
 
 
@@ -86,16 +87,19 @@ class Client(ClientBase[SyncGeneration]):
 
     def wait_ready(self, timeout: float, service: str = "") -> None:
         """Return once the server reports SERVING; TandemError(DEADLINE_EXCEEDED) if not in time."""
-        watch = self._watch(timeout, service)
-        try:
-            for reply in watch:
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except grpc.RpcError as err:
-            raise not_ready(err, self.address, timeout) from None
-        finally:
-            watch.cancel()
-        raise TandemError(grpc.StatusCode.UNAVAILABLE, f"{self.address} stopped its health watch")
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            watch = self._watch(left, service)
+            try:
+                for reply in watch:
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except grpc.RpcError as err:
+                watch_again(err, self.address, timeout)
+            finally:
+                watch.cancel()
+            time.sleep(REWATCH_S)
+        raise not_ready(self.address, timeout)
 
     def connected(self, timeout: float = 0.25) -> bool:
         """Whether the channel is (or within `timeout` becomes) connected to the server."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc import aio
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tandem.v1 import generation_pb2 as pb
@@ -112,3 +112,37 @@ class FakeServer:
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse
         await self.health.set("", status.SERVING if serving else status.NOT_SERVING)
+
+
+class WatchedHealth(health_aio.HealthServicer):
+    """Health checking that says when a watcher has had its first reply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched = asyncio.Event()
+
+    async def Watch(self, request, context):  # type: ignore[no-untyped-def]
+        asyncio.get_running_loop().call_later(0.2, self.watched.set)
+        await super().Watch(request, context)
+
+
+async def health_server(address: str, serving: bool) -> tuple[aio.Server, WatchedHealth]:
+    """A server of health checking alone on `address`, SERVING or NOT_SERVING."""
+    health = WatchedHealth()
+    status = health_pb2.HealthCheckResponse
+    await health.set("", status.SERVING if serving else status.NOT_SERVING)
+    server = aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server.add_insecure_port(address)
+    await server.start()
+    return server, health
+
+
+async def restart_serving(address: str) -> aio.Server:
+    """Not serving until a watcher is watching; then stopped (cutting the watch) and started
+    again, serving, on the same address: a server restarting while a client waits for it."""
+    server, health = await health_server(address, serving=False)
+    await health.watched.wait()
+    await server.stop(grace=0)
+    restarted, _ = await health_server(address, serving=True)
+    return restarted

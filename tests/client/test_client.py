@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 import pytest
-from fake_server import TRACE_ID, FakeServer, Script, stream
+from fake_server import TRACE_ID, FakeServer, Script, restart_serving, stream
 
 from services.client import Delta, TandemClient, TandemError, Usage
 from services.client_types import InvalidOption, generate_request
@@ -265,6 +265,16 @@ async def test_wait_ready_returns_once_serving(fake: FakeServer) -> None:
         assert not done
         await fake.set_serving(True)
         await asyncio.wait_for(waiting, WAIT)
+
+
+async def test_wait_ready_rides_out_a_restart(closed_address: str) -> None:
+    """The server stops while the client waits (cutting its health watch) and comes back."""
+    server = asyncio.create_task(restart_serving(closed_address))
+    try:
+        async with TandemClient(closed_address) as client:
+            await client.wait_ready(timeout=WAIT)
+    finally:
+        await (await server).stop(grace=0)
 
 
 async def test_wait_ready_times_out(fake: FakeServer, closed_address: str) -> None:

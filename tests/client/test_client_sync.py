@@ -7,7 +7,7 @@ import threading
 
 import grpc
 import pytest
-from fake_server import TRACE_ID, FakeServer, Script, stream
+from fake_server import TRACE_ID, FakeServer, Script, restart_serving, stream
 
 from services.client import Client, TandemError, Usage
 
@@ -106,3 +106,17 @@ async def test_connected_tells_a_live_server_from_none(
 
     assert await asyncio.to_thread(use, fake.address, WAIT)  # a busy machine may connect slowly
     assert not await asyncio.to_thread(use, closed_address, 0.5)
+
+
+async def test_wait_ready_rides_out_a_restart(closed_address: str) -> None:
+    """The server stops while the client waits (cutting its health watch) and comes back."""
+    server = asyncio.create_task(restart_serving(closed_address))
+
+    def wait() -> None:
+        with Client(closed_address) as client:
+            client.wait_ready(timeout=WAIT)
+
+    try:
+        await asyncio.to_thread(wait)
+    finally:
+        await (await server).stop(grace=0)
