@@ -100,6 +100,6 @@ def test_no_request_drawn_from_the_schema_is_a_server_error(
         check()
     assert not failures, "\n".join(failures[:10])
     if mode == GenerationMode.POSITIVE:  # some drawn requests got past validation and generated
-        assert POSTS <= served_ok
+        assert served_ok >= POSTS
     assert served.proc.poll() is None, "tandem serve died"
     assert "Traceback" not in served.log(), served.log()[-3000:]
