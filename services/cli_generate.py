@@ -163,11 +163,13 @@ def _report(command: str, err: TandemError, client: Client) -> bool:
     """Print the error; True when the server cannot be reached at all."""
     import grpc
 
+    from services.client_base import answers_not_in_grpc
+
     message = err.message
     # UNAVAILABLE is also what a live server says while its scheduler restarts: only blame the
     # address when the channel really cannot connect.
     unreachable = err.code == grpc.StatusCode.UNAVAILABLE and not client.connected()
-    if unreachable and "Failed parsing HTTP/2" in err.message:  # something answered, not gRPC
+    if unreachable and answers_not_in_grpc(err):
         message = (
             f"{client.address} answers, but not in gRPC (tandem's OpenAI-compatible HTTP port?); "
             f"--server takes tandem's gRPC address (`tandem serve --port`, {DEFAULT_SERVER} "

@@ -31,6 +31,12 @@ _CUT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 REWATCH_S = 0.1
 
 
+def answers_not_in_grpc(err: TandemError) -> bool:
+    """Whether the channel reached a server that does not speak gRPC (HTTP/2): most often
+    tandem's own OpenAI-compatible HTTP port given where its gRPC address belongs."""
+    return err.code == grpc.StatusCode.UNAVAILABLE and "Failed parsing HTTP/2" in err.message
+
+
 def not_ready(address: str, timeout: float) -> TandemError:
     return TandemError(
         grpc.StatusCode.DEADLINE_EXCEEDED, f"{address} was not ready within {timeout:g} s"

@@ -6,7 +6,9 @@ from its own records, and lower bounds set by the fake's own delays (a sleep nev
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate, islice
 
 import grpc
@@ -166,3 +168,22 @@ async def test_the_same_requests_reach_every_target(tandem_server: StartTandem) 
     results = await run(replace(cfg, targets=(Target("tandem", a), Target("tandem", b))))
     assert [r.target.url for r in results] == [a, b]
     assert [r.text for r in fake_a.requests] == [r.text for r in fake_b.requests]
+
+
+async def test_an_http_port_fails_every_request_saying_so() -> None:
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{http.server_address[1]}"
+    try:
+        [result] = await run(config(address, num_requests=2, timeout=20.0))
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert "2 × UNAVAILABLE: " + address + " answers, but not in gRPC (an HTTP port? " in table(
+        [result]
+    )
+
+
+class _QuietHandler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass

@@ -10,6 +10,7 @@ from services.bench.config import BenchConfig
 from services.bench.record import Event, RequestFailed
 from services.bench.workload import RequestSpec
 from services.client import TandemClient
+from services.client_base import answers_not_in_grpc
 from services.client_types import GenerateOptions, TandemError
 
 
@@ -49,4 +50,10 @@ class TandemBackend:
                         cached_prompt_tokens=usage.cached_prompt_tokens if usage else None,
                     )
         except TandemError as err:
-            raise RequestFailed(err.code.name, err.message) from None
+            message = err.message
+            if answers_not_in_grpc(err):
+                message = (
+                    f"{self.client.address} answers, but not in gRPC (an HTTP port? "
+                    "--backend openai --url http://HOST:PORT benchmarks one)"
+                )
+            raise RequestFailed(err.code.name, message) from None
