@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -311,13 +312,19 @@ def test_priority_and_backpressure(tmp_path: Path) -> None:
             await stats_when(sched, lambda s: s.waiting == 4 and s.preemptions == 1, "preemption")
             with pytest.raises(aio.AioRpcError) as overflow:
                 await stream(served.address, greedy(text="Overflow:", max_tokens=4))
+            async with httpx.AsyncClient(base_url=served.http_url, timeout=60) as http:
+                body = {"prompt": "Overflow:", "max_tokens": 4}
+                refused = await http.post("/completions", json=body)
             await seen["high"].wait()
             high.cancel()
             running.cancel()
             done = await asyncio.gather(*lows)
-            return overflow.value, firsts, done
+            return overflow.value, refused, firsts, done
 
-        overflow, firsts, lows = asyncio.run(scenario())
+        overflow, refused, firsts, lows = asyncio.run(scenario())
     assert overflow.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The HTTP door says the same, and when to try again (OpenAI's SDKs wait that long).
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
     assert all(low.finish_reason == "length" for low in lows)
     assert firsts["high"] < min(firsts[f"low{i}"] for i in range(3))

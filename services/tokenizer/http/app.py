@@ -35,7 +35,7 @@ from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.body_limit import BodyLimit
 from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
-from services.tokenizer.http.errors import error_body, http_error, validation_error
+from services.tokenizer.http.errors import error_body, error_headers, http_error, validation_error
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.schemas import (
@@ -92,8 +92,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
 
     async def error_response(request: Request, err: BaseException) -> JSONResponse:
         status, body = http_error(err, chat=request.url.path == CHAT)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse(body, status_code=status, headers=headers)
+        return JSONResponse(body, status_code=status, headers=error_headers(status))
 
     for kind in (ServiceError, EngineError, ShmError, Exception):
         app.add_exception_handler(kind, error_response)
@@ -122,7 +121,8 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
         if not a.link.attached.is_set():
-            return JSONResponse(error_body(503, "the scheduler is (re)starting"), status_code=503)
+            body = error_body(503, "the scheduler is (re)starting")
+            return JSONResponse(body, status_code=503, headers=error_headers(503))
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=Response)

@@ -109,6 +109,20 @@ def error_body(
     }
 
 
+# Headers an error's status carries: the scheme a 401 asks for, and when to try again after a
+# full queue (429) or while a process restarts (503), which OpenAI's SDKs wait for before retrying.
+RETRY_AFTER_S = 1
+_HEADERS = {
+    401: {"WWW-Authenticate": "Bearer"},
+    429: {"Retry-After": str(RETRY_AFTER_S)},
+    503: {"Retry-After": str(RETRY_AFTER_S)},
+}
+
+
+def error_headers(status: int) -> dict[str, str] | None:
+    return _HEADERS.get(status)
+
+
 def http_error(err: BaseException, chat: bool) -> tuple[int, ErrorBody]:
     """The status and body for an error raised while serving a request."""
     status = status_of(err)
