@@ -41,6 +41,10 @@ def grpc_client(served: Pipeline) -> Iterator[Client]:
 def test_models_lists_the_served_model(sdk: openai.OpenAI) -> None:
     (model,) = sdk.models.list().data
     assert model.id == "smollm2-135m-instruct" and model.owned_by == "tandem"
+    assert sdk.models.retrieve("smollm2-135m-instruct") == model
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.models.retrieve("gpt-4o")
+    assert missing.value.body["param"] == "model"  # type: ignore[index]
 
 
 def test_greedy_chat_over_http_equals_grpc(sdk: openai.OpenAI, grpc_client: Client) -> None:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API: routes over the tokenizer's one `Admission`.
 
     POST /v1/chat/completions, POST /v1/completions   (SSE with "stream": true)
-    GET  /v1/models
+    GET  /v1/models, GET /v1/models/{model}
     POST /tokenize, POST /detokenize   (vLLM's)
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
     GET  /metrics   the process's Prometheus registry (no key needed)
@@ -34,7 +34,7 @@ from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailabl
 from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.body_limit import BodyLimit
-from services.tokenizer.http.convert import Plan, chat_plan, completion_plan
+from services.tokenizer.http.convert import Plan, chat_plan, check_served_model, completion_plan
 from services.tokenizer.http.errors import error_body, error_headers, http_error, validation_error
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.output import Output, sse
@@ -44,6 +44,7 @@ from services.tokenizer.http.schemas import (
     Completion,
     CompletionRequest,
     ErrorResponse,
+    Model,
     ModelList,
 )
 from services.tokenizer.http.tokenize_routes import tokenize_routes
@@ -131,23 +132,26 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)], responses=_ERRORS)
 
-    @v1.get("/models", response_model=ModelList)
-    async def models() -> dict[str, Any]:
+    def served_model() -> dict[str, Any]:
         model = a.link.model
         if model is None:
             raise Unavailable("the scheduler is (re)starting")
         return {
-            "object": "list",
-            "data": [
-                {
-                    "id": a.model_name,
-                    "object": "model",
-                    "created": started,
-                    "owned_by": "tandem",
-                    "max_model_len": model.max_seq_len,
-                }
-            ],
+            "id": a.model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "tandem",
+            "max_model_len": model.max_seq_len,
         }
+
+    @v1.get("/models", response_model=ModelList)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [served_model()]}
+
+    @v1.get("/models/{model_id:path}", response_model=Model)
+    async def model(model_id: str) -> dict[str, Any]:
+        check_served_model(model_id, a.model_name)
+        return served_model()
 
     @v1.post("/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

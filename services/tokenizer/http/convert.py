@@ -71,7 +71,7 @@ def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -
 
 
 def tokenize_request(body: TokenizeRequest, model_name: str) -> pb.TokenizeRequest:
-    _check_model(body.model, model_name)
+    check_served_model(body.model, model_name)
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequest("prompt", "give either a prompt or messages")
     request = pb.TokenizeRequest(model=body.model or "")
@@ -85,7 +85,7 @@ def tokenize_request(body: TokenizeRequest, model_name: str) -> pb.TokenizeReque
 def detokenize_request(
     body: DetokenizeRequest, model_name: str, vocab_size: int
 ) -> pb.DetokenizeRequest:
-    _check_model(body.model, model_name)
+    check_served_model(body.model, model_name)
     bad = [t for t in body.tokens if t >= vocab_size]
     if bad:
         raise InvalidRequest("tokens", f"ids {bad[:5]} are outside [0, {vocab_size})")
@@ -141,14 +141,14 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str 
     return list(prompt)  # type: ignore[arg-type]
 
 
-def _check_model(model: str | None, model_name: str) -> None:
+def check_served_model(model: str | None, model_name: str) -> None:
     if model and model != model_name:
         raise NotFound("model", f"the model {model!r} does not exist; this server serves "
                        f"{model_name!r}")  # fmt: skip
 
 
 def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateRequest:
-    _check_model(body.model, model_name)
+    check_served_model(body.model, model_name)
     if body.best_of not in (None, 1):
         raise InvalidRequest("best_of", "is not supported yet (n sequences are: use n)")
     request = pb.GenerateRequest(
