@@ -63,6 +63,14 @@ class TokenizerMetrics:
             "(cancelled, deadline_exceeded, invalid_argument, resource_exhausted, ...).",
             "finished_reason",
         )
+        self._http = f.counter(
+            "tandem_http_requests",
+            "HTTP responses by method, route (its template; `other` for no route) and status, "
+            "refusals before a request became a Generate call included.",
+            "method",
+            "route",
+            "status",
+        )
         self.running = f.gauge(
             "tandem_tokenizer_requests_in_flight", "Generate calls this tokenizer is serving now."
         ).labels(m)
@@ -71,6 +79,9 @@ class TokenizerMetrics:
             "Bytes of shared memory holding live data (this process's segments).",
             "segment",
         )
+
+    def http_response(self, method: str, route: str, status: int) -> None:
+        self._http.labels(self.model_name, method, route, str(status)).inc()
 
     def outcome(self, finished_reason: str) -> None:
         self._outcomes.labels(self.model_name, finished_reason).inc()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.pipeline import Pipeline, pipeline
 from services.client import Client
@@ -227,6 +228,16 @@ def test_a_body_over_the_limit_is_refused_and_the_server_serves_on(
     assert error["message"].endswith("bytes; this server takes at most 67108864")
     reply = sdk.completions.create(model="", prompt=PROMPT, max_tokens=2)
     assert reply.choices[0].finish_reason == "length"
+    # Refused before it became a Generate call, and still on the operator's dashboard.
+    scraped = httpx.get(served.metrics["tokenizer-1"], timeout=30).text
+    counts = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for family in text_string_to_metric_families(scraped)
+        if family.name == "tandem_http_requests"
+        for s in family.samples
+        if s.name.endswith("_total") and s.labels["method"] == "POST"
+    }
+    assert counts[("/v1/completions", "413")] >= 1 and counts[("/v1/completions", "200")] >= 1
 
 
 def test_closing_a_stream_cancels_the_request_and_frees_its_kv(served: Pipeline) -> None:

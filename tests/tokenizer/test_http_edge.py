@@ -22,6 +22,7 @@ from services.tokenizer.http.convert import (
     tokenize_request,
 )
 from services.tokenizer.http.errors import http_error, openai_field
+from services.tokenizer.http.http_metrics import HttpMetrics
 from services.tokenizer.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -270,3 +271,31 @@ async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> Non
     assert sent[0]["status"] == 413
     message = "the body is more than 100 bytes; this server takes at most 100"
     assert json.loads(sent[1]["body"]) == {"error": message}  # type: ignore[arg-type]
+
+
+def test_every_response_is_counted_by_its_route_template_and_status() -> None:
+    app = FastAPI()
+
+    @app.get("/items/{item}")
+    async def item(item: str) -> dict[str, str]:
+        return {"item": item}
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"read": len(await request.body())}
+
+    counted: list[tuple[str, str, int]] = []
+    app.add_middleware(BodyLimit, limit=10)
+    paths = [getattr(r, "path", "") for r in app.routes]
+    app.add_middleware(HttpMetrics, count=lambda *c: counted.append(c), paths=paths)
+    client = TestClient(app)
+    client.get("/items/42")
+    client.post("/echo", content=b"x" * 11)  # refused before routing, by its Content-Length
+    client.get("/nowhere")
+    client.post("/echo", content=b"x")
+    assert counted == [
+        ("GET", "/items/{item}", 200),  # the template: ids make no new series
+        ("POST", "/echo", 413),
+        ("GET", "other", 404),
+        ("POST", "/echo", 200),
+    ]

@@ -37,6 +37,7 @@ from services.tokenizer.http.body_limit import BodyLimit
 from services.tokenizer.http.convert import Plan, chat_plan, check_served_model, completion_plan
 from services.tokenizer.http.errors import error_body, error_headers, http_error, validation_error
 from services.tokenizer.http.generations import Generations
+from services.tokenizer.http.http_metrics import HttpMetrics
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.schemas import (
     ChatCompletion,
@@ -189,6 +190,8 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
     app.include_router(v1)
     app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS))
     app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES)
+    paths = [getattr(r, "path", "") for r in app.routes]
+    app.add_middleware(HttpMetrics, count=a.telemetry.metrics.http_response, paths=paths)
     app.add_middleware(_RequestId)
     return app
 
