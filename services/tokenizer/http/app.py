@@ -190,7 +190,8 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
     app.include_router(v1)
     app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS))
     app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES)
-    paths = [getattr(r, "path", "") for r in app.routes]
+    # The documented paths: app.routes holds included routers as entries of their own.
+    paths = list(app.openapi()["paths"])
     app.add_middleware(HttpMetrics, count=a.telemetry.metrics.http_response, paths=paths)
     app.add_middleware(_RequestId)
     return app
