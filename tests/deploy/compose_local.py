@@ -187,6 +187,7 @@ class LocalStage:
     health_argv: list[str]
     stop_grace_s: float
     grpc_port: int  # local; its container port is the command's --port
+    http_port: int  # local; 0 when the command serves no OpenAI-compatible HTTP
     metrics_port: int  # local; 0 when the command serves no metrics
     container_metrics_port: int
 
@@ -280,6 +281,9 @@ class Translator:
             health_argv=self.argv(instance, test[1:]),
             stop_grace_s=seconds(str(svc.get("stop_grace_period", "10s"))),
             grpc_port=self.ports.local(instance, flag("--port")),
+            http_port=(
+                self.ports.local(instance, flag("--http-port")) if flag("--http-port") else 0
+            ),
             metrics_port=(
                 self.ports.local(instance, flag("--metrics-port"))
                 if "--metrics-port" in command

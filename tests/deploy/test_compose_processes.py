@@ -212,6 +212,22 @@ def served(stack: Stack) -> dict[str, Served]:
     }
 
 
+@pytest.fixture(scope="module")
+def served_http(stack: Stack) -> dict[str, int]:
+    """A chat completion through each replica's OpenAI-compatible port: its status."""
+    body = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4}
+    statuses = {}
+    for r in stack.of("tokenizer"):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{r.stage.http_port}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            statuses[r.stage.instance] = reply.status
+    return statuses
+
+
 def scrape(port: int, path: str = "/metrics") -> dict[str, set[str]]:
     """Family name -> the sample names it exported, from one live endpoint."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
@@ -285,8 +301,9 @@ def test_prometheus_scrapes_the_port_every_process_serves(
 
 
 def test_the_dashboard_queries_only_metrics_the_processes_export(
-    stack: Stack, served: dict[str, Served]
+    stack: Stack, served: dict[str, Served], served_http: dict[str, int]
 ) -> None:
+    assert set(served_http.values()) == {200}
     exported: set[str] = set()
     for running in stack.running:
         for samples in scrape(running.stage.metrics_port).values():
@@ -304,6 +321,7 @@ def test_the_dashboard_queries_only_metrics_the_processes_export(
         "tandem_num_requests_waiting",
         "tandem_kv_cache_usage_perc",
         "tandem_step_batch_size_bucket",
+        "tandem_http_requests_total",  # and what the HTTP door refused
     }
     assert wanted <= named
 
