@@ -239,8 +239,14 @@ class Engine:
             followers.close()
 
     @torch.inference_mode()
-    def forward(self, batch: Sequence[SeqInput], fill: Fill | None = None) -> torch.Tensor:
-        """Write the batch's K/V into the cache and return its final hidden states (T, dim)."""
+    def forward(
+        self,
+        batch: Sequence[SeqInput],
+        fill: Fill | None = None,
+        before_launch: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
+        """Write the batch's K/V into the cache and return its final hidden states (T, dim).
+        before_launch: called once its inputs are built and on their way, before its kernels."""
         self.checks.validate(batch, fill is not None)
         tokens: list[int] = []
         positions: list[int] = []
@@ -256,6 +262,8 @@ class Engine:
             self.decode_kernel,
         )
         run = self.native if self.native is not None and NativeDecoder.serves(meta) else self.model
+        if before_launch is not None:
+            before_launch()
         token_ids = to_device(tokens, self.device)
         if fill is not None:
             token_ids.index_copy_(0, fill.at, fill.tokens)
@@ -271,24 +279,30 @@ class Engine:
         return self.collect(self.submit(batch)) if batch else []
 
     @torch.inference_mode()
-    def submit(self, batch: Sequence[SeqInput]) -> Submitted:
+    def submit(
+        self, batch: Sequence[SeqInput], before_launch: Callable[[], None] | None = None
+    ) -> Submitted:
         """Launch one step; `collect` waits for it and returns its outputs. On CUDA this returns
         once the step is queued on the device, so the caller can prepare and submit the next one
-        (whose decodes may take FROM_LAST_STEP) while this one runs."""
+        (whose decodes may take FROM_LAST_STEP) while this one runs. before_launch: called once
+        the step's host work is done, before its kernels are queued (not at all where it fails
+        first): where a caller that must not be held by a long launch does what cannot wait."""
         followers = self.followers
         if followers is None:
-            return self._submit(batch)
+            return self._submit(batch, before_launch)
         if any(FROM_LAST_STEP in s.token_ids for s in batch):
             # Each rank would take its own sample, and unseeded samples differ between ranks.
             raise InvalidRequest("token_ids", "a tensor-parallel group takes no FROM_LAST_STEP")
         followers.send_step(batch)
         try:
-            return self._submit(batch)
+            return self._submit(batch, before_launch)
         except Exception as err:
             followers.check(err)  # a dead rank is why: say that instead
             raise
 
-    def _submit(self, batch: Sequence[SeqInput]) -> Submitted:
+    def _submit(
+        self, batch: Sequence[SeqInput], before_launch: Callable[[], None] | None = None
+    ) -> Submitted:
         last, self._last = self._last, None
         if last is not None and any(
             FROM_LAST_STEP in s.token_ids and s.sampling.uses_penalties for s in batch
@@ -297,8 +311,8 @@ class Engine:
             batch, last = last.resolved(batch), None
         fill = Fill.of(batch, last, self.device)
         ahead, self._ahead = self._ahead, None
-        graphed = self._graph_outputs(batch, ahead, fill)  # a decode-only batch, through its graph
-        hidden = self.forward(batch, fill) if graphed is None else None  # (T, dim)
+        graphed = self._graph_outputs(batch, ahead, fill, before_launch)  # decodes, in a graph
+        hidden = self.forward(batch, fill, before_launch) if graphed is None else None  # (T, dim)
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
@@ -378,7 +392,11 @@ class Engine:
         return outputs
 
     def _graph_outputs(
-        self, batch: Sequence[SeqInput], ahead: StepAhead | None, fill: Fill | None = None
+        self,
+        batch: Sequence[SeqInput],
+        ahead: StepAhead | None,
+        fill: Fill | None = None,
+        before_launch: Callable[[], None] | None = None,
     ) -> GraphOutputs | None:
         """A decode-only batch replayed through its CUDA graph (or already replayed ahead, if it
         is `ahead`'s step); None where there is no graph for it."""
@@ -388,6 +406,8 @@ class Engine:
         inputs = self.checks.decode_arrays(batch)
         if inputs is None:
             return None
+        if before_launch is not None:
+            before_launch()
         if ahead is not None and ahead.matches(batch):
             return ahead.outputs
         return graphs.run(batch, *inputs, fill)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -91,12 +92,18 @@ class StepRunner:
         """One step; its telemetry waits for `telemetry.flush()` once the outcome is sent."""
         return self.finish(self.start(desc))
 
-    def start(self, desc: hp.StepDescriptor, after: InFlight | None = None) -> InFlight:
+    def start(
+        self,
+        desc: hp.StepDescriptor,
+        after: InFlight | None = None,
+        before_launch: Callable[[], None] | None = None,
+    ) -> InFlight:
         """Launch a step; `finish` waits for it. `after`: the step launched before it and not
-        finished yet, whose sampled tokens fill this one's placeholders on the device."""
+        finished yet, whose sampled tokens fill this one's placeholders on the device.
+        before_launch: Engine.submit's, called once this step's host work is done."""
         flight = InFlight(desc, hp.StepOutcome(step_id=desc.step_id), time.time_ns())
         try:
-            self._start(flight, after)
+            self._start(flight, after, before_launch)
         except BaseException as err:
             self._failed(flight, err)
         flight.launch_s = time.perf_counter() - flight.started
@@ -135,7 +142,9 @@ class StepRunner:
         self.telemetry.flush()
         raise err
 
-    def _start(self, flight: InFlight, after: InFlight | None) -> None:
+    def _start(
+        self, flight: InFlight, after: InFlight | None, before_launch: Callable[[], None] | None
+    ) -> None:
         desc, outcome = flight.desc, flight.outcome
         for seq_id in desc.finished_seq_ids:
             self.seqs.pop(seq_id, None)
@@ -154,7 +163,7 @@ class StepRunner:
             if wanted != torch.get_num_threads():
                 torch.set_num_threads(wanted)
         try:
-            flight.submitted = self.engine.submit(batch) if batch else None
+            flight.submitted = self.engine.submit(batch, before_launch) if batch else None
         except InvalidRequest as err:
             # A bad sequence fails the step's sequences, never the worker.
             failed.update((int(s.seq_id), str(err)) for s in batch)  # type: ignore[call-overload]

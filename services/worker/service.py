@@ -69,16 +69,13 @@ class RingLoop(threading.Thread):
                 received = time.monotonic_ns()
                 desc = hp.StepDescriptor.FromString(record)
                 if running is not None and desc.num_prefill_tokens:
-                    # A step with prefill launches eagerly, hundreds of kernels, and its launch
-                    # can block on the device part-way (a full launch queue): the step before's
-                    # tokens would wait for all of it. Its own GPU time hides this host gap.
-                    self._send(running)
-                    running = None
-                with self.lock:
-                    flight = self.runner.start(desc, running if self.overlap else None)
+                    flight = self._start_after_sending(desc, running)
+                else:
+                    with self.lock:
+                        flight = self.runner.start(desc, running if self.overlap else None)
+                    if running is not None:
+                        self._send(running)
                 flight.outcome.received_ns = received
-                if running is not None:
-                    self._send(running)
                 running = flight
                 if not self.overlap:
                     self._send(running)
@@ -104,12 +101,42 @@ class RingLoop(threading.Thread):
                 if running is None or running.done():
                     return None
 
+    def _start_after_sending(self, desc: hp.StepDescriptor, running: InFlight) -> InFlight:
+        """A step with prefill launches eagerly, hundreds of kernels, and its launch can block
+        on the device part-way (a full launch queue): the tokens of the step before would wait
+        for all of it. So its host work (sequences admitted, inputs built and uploaded) runs
+        while the step before still runs, and that step's outcome is sent just before this
+        one's kernels are queued."""
+        sent: list[BaseException | None] = []
+
+        def send_running() -> None:
+            try:
+                self._put(self.runner.finish(running))  # the lock is start's
+            except BaseException as err:  # raised again below, not through the engine
+                sent.append(err)
+            else:
+                sent.append(None)
+
+        with self.lock:
+            flight = self.runner.start(desc, running, send_running)
+        if not sent:  # the step failed, or had nothing to run, before its launch
+            with self.lock:
+                outcome = self.runner.finish(running)
+            self._put(outcome)
+        elif sent[0] is not None:
+            raise sent[0]
+        self.runner.telemetry.flush()
+        return flight
+
     def _send(self, flight: InFlight) -> None:
         with self.lock:
             outcome = self.runner.finish(flight)
+        self._put(outcome)
+        self.runner.telemetry.flush()  # while the scheduler plans the next step
+
+    def _put(self, outcome: hp.StepOutcome) -> None:
         outcome.sent_ns = time.monotonic_ns()
         self.results.put(outcome.SerializeToString())
-        self.runner.telemetry.flush()  # while the scheduler plans the next step
 
     def stop(self) -> None:
         self.stopping.set()

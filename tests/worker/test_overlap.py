@@ -151,18 +151,23 @@ class _Recording(StepRunner):
         super().__init__(engine, Reader())
         self.order: list[str] = []
 
-    def start(self, desc: hp.StepDescriptor, after: object = None) -> InFlight:  # type: ignore[override]
+    def start(  # type: ignore[override]
+        self, desc: hp.StepDescriptor, after: object = None, before_launch: object = None
+    ) -> InFlight:
         self.order.append(f"start {desc.step_id}{' after' if after is not None else ''}")
-        return super().start(desc, after)  # type: ignore[arg-type]
+        return super().start(desc, after, before_launch)  # type: ignore[arg-type]
 
     def finish(self, flight: InFlight) -> hp.StepOutcome:
         self.order.append(f"finish {flight.desc.step_id}")
         return super().finish(flight)
 
 
-def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> None:
+def test_a_step_with_prefill_is_launched_once_the_outcome_before_it_is_sent(
+    engine: Engine,
+) -> None:
     """Decode-only steps launch before the step before them is read; a step carrying prefill
-    launches after it is sent, so its long eager launch never holds those tokens."""
+    does its host work while the step before runs, and queues its kernels once that step's
+    outcome is sent, so its long eager launch never holds those tokens."""
     steps_planned = plans()
     late = steps_planned[3]  # a fourth sequence's prompt joins the decodes of step 4
     prompt = list(range(100, 107))
@@ -178,11 +183,43 @@ def test_a_step_with_prefill_waits_for_the_outcome_before_it(engine: Engine) -> 
     late.blocks.extend([6, 7])
     late.num_prefill_tokens = len(prompt)
     steps_planned[0].num_prefill_tokens = 17
+    alone = StepRunner(engine, Reader())
+    expected = tokens([alone.run(desc) for desc in steps_planned])
+    alone.reset()
     runner = _Recording(engine)
-    outcomes = through_ring(runner, steps_planned, overlap=True)
-    assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
-    assert 4 in outcomes[3].seq_ids
     order = runner.order
-    assert order.index("finish 3") < order.index("start 4")  # prefill: the outcome first
-    assert "start 4 after" not in order
+    hook = engine.model.register_forward_pre_hook(lambda *_: order.append("model"))
+    try:
+        outcomes = through_ring(runner, steps_planned, overlap=True)
+    finally:
+        hook.remove()
+    assert [o.step_id for o in outcomes] == list(range(1, STEPS + 1))
+    assert tokens(outcomes) == expected
+    assert 4 in outcomes[3].seq_ids
+    launched = order.index("model", order.index("start 4 after"))  # prefill: built ahead...
+    assert order.index("start 4 after") < order.index("finish 3") < launched  # ...sent, launched
     assert order.index("start 3 after") < order.index("finish 2")  # decodes: overlapped
+
+
+def test_a_step_with_prefill_that_fails_before_its_launch_still_sends_the_one_before(
+    engine: Engine,
+) -> None:
+    """Its only sequence is refused as it is admitted, so nothing launches and the engine never
+    calls back: the outcome of the step before goes out anyway, and in order."""
+    steps_planned = plans()[:3]
+    bad = hp.StepDescriptor(step_id=4, num_prefill_tokens=3)
+    bad.new_seqs.add(
+        seq_id=9, prompt_ids=[1, 2, 3], prompt_len=4, sampling=sampling_to_pb(GREEDY)
+    )  # prompt_len says 4: refused
+    bad.seq_ids.append(9)
+    bad.start_pos.append(0)
+    bad.num_tokens.append(3)
+    bad.from_prompt.append(3)
+    bad.sample.append(True)
+    bad.block_counts.append(1)
+    bad.blocks.append(6)
+    outcomes = through_ring(StepRunner(engine, Reader()), [*steps_planned, bad], overlap=True)
+    assert [o.step_id for o in outcomes] == [1, 2, 3, 4]
+    assert tokens(outcomes[:3]) == tokens(one_at_a_time(engine))[:3]
+    assert list(outcomes[3].failed_seq_ids) == [9]
+    assert "prompt_len" in outcomes[3].failed_reasons[0]

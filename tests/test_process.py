@@ -1,0 +1,66 @@
+"""The process lifecycle keeps what start-up made out of the garbage collector's reach."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import services.process as process
+from services.process import Service, run_service
+from services.telemetry.config import TelemetryConfig, TracingSettings
+from services.telemetry.tracing import Tracing
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # the rest of the suite collects as usual
+
+
+def tracked(obj: object) -> bool:
+    """Whether a collection would walk `obj` (frozen objects are in no generation)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+async def test_what_start_up_made_is_frozen_once_the_service_has_started(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = asyncio.Event()
+    monkeypatch.setattr(process, "stop_event_on_signals", lambda: stop)
+    made: dict[str, list[object]] = {}
+    started = asyncio.Event()
+
+    async def start() -> None:
+        made["start-up"] = [object()]  # as a worker's model and graphs are made in start-up
+        assert tracked(made["start-up"])
+        started.set()
+
+    async def build(tracing: Tracing) -> Service:
+        return Service(
+            register=lambda server: None, service_names=[], metrics=CollectorRegistry(),
+            start=start,
+        )  # fmt: skip
+
+    telemetry = TelemetryConfig(
+        service_name="test", tracing=TracingSettings(trace_sampler="always_off")
+    )
+    served = asyncio.create_task(run_service("test", "127.0.0.1:0", telemetry, build))
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        for _ in range(100):
+            if gc.get_freeze_count():
+                break
+            await asyncio.sleep(0.01)
+        assert gc.get_freeze_count() > 0
+        assert not tracked(made["start-up"])
+        made["serving"] = [object()]  # what serving makes is collected as before
+        assert tracked(made["serving"])
+    finally:
+        stop.set()
+        code = await asyncio.wait_for(served, 10)
+    assert code == 0
