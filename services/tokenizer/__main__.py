@@ -76,7 +76,7 @@ async def serve(config: TokenizerConfig) -> int:
             from services.tokenizer.http.app import create_app
             from services.tokenizer.http.server import HttpServer
 
-            app = create_app(admission, keys, metrics.registry)
+            app = create_app(admission, keys, metrics.registry, config.http_body_timeout_s)
             http = HttpServer(app, config.host, config.http_port, config.tls, grace_s=GRACE_S)
 
         async def start() -> None:

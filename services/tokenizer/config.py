@@ -20,6 +20,11 @@ class EdgeSettings:
     host: str = flag("127.0.0.1", "public address to bind")
     port: int = flag(50051, "public gRPC port (0: a free one)")
     http_port: int = flag(8000, "public OpenAI-compatible HTTP port, on --host (0: off)")
+    http_body_timeout_s: float = flag(
+        60.0,
+        "seconds an HTTP request's body may take to arrive, from its headers; a slower one gets "
+        "408 and its connection is closed (0: no limit)",
+    )
     api_key: tuple[str, ...] = flag(
         (),
         "clients must send `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: "
@@ -38,6 +43,8 @@ class EdgeSettings:
                 raise ValueError(f"{name} must be in [0, 65536), got {getattr(self, name)}")
         if any(not key for key in self.api_key):
             raise ValueError("an API key must not be empty")
+        if not self.http_body_timeout_s >= 0:
+            raise ValueError(f"http_body_timeout_s must be >= 0, got {self.http_body_timeout_s}")
         if self.arena_mb < 1:
             raise ValueError("the prompt arena needs at least 1 MiB")
 

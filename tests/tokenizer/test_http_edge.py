@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -13,6 +14,7 @@ from starlette.exceptions import HTTPException
 
 from engine.errors import InvalidRequest
 from services.errors import NotFound, ResourceExhausted, ServiceError, Unauthenticated, Unavailable
+from services.tls import TlsSettings
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.body_limit import BodyLimit
 from services.tokenizer.http.convert import (
@@ -29,6 +31,7 @@ from services.tokenizer.http.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from services.tokenizer.http.server import HttpServer
 
 
 @pytest.mark.parametrize(
@@ -219,19 +222,25 @@ def test_tokenize_bodies_convert_to_the_grpc_requests() -> None:
     assert err.value.field == "tokens"
 
 
-def _echo_app(limit: int) -> TestClient:
+def _echo_app(limit: int, timeout_s: float = 0.0) -> TestClient:
     """BodyLimit in front of an app that answers with the size of the body it read."""
     app = FastAPI()
 
     @app.exception_handler(HTTPException)
     async def refused(request: Request, err: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": err.detail}, status_code=err.status_code)
+        return JSONResponse({"error": err.detail}, err.status_code, err.headers)
 
     @app.post("/echo")
     async def echo(request: Request) -> dict[str, int]:
         return {"read": len(await request.body())}
 
-    app.add_middleware(BodyLimit, limit=limit)
+    @app.post("/stream")
+    async def stream(request: Request) -> dict[str, str]:
+        await request.body()
+        message = await request.receive()  # as a streamed response waits for a disconnect
+        return {"then": str(message["type"])}
+
+    app.add_middleware(BodyLimit, limit=limit, timeout_s=timeout_s)
     return TestClient(app)
 
 
@@ -299,3 +308,60 @@ def test_every_response_is_counted_by_its_route_template_and_status() -> None:
         ("GET", "other", 404),
         ("POST", "/echo", 200),
     ]
+
+
+async def test_a_body_that_trickles_in_past_the_time_limit_gets_408() -> None:
+    """A client that sends its headers and then a byte at a time, slower than the limit allows,
+    through uvicorn as the tokenizer serves it: 408 naming the limit, the connection closed,
+    and the server answers the next client."""
+    server = HttpServer(
+        _echo_app(limit=1000, timeout_s=0.5).app, "127.0.0.1", 0, TlsSettings(), grace_s=1
+    )  # type: ignore[arg-type]
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        head = b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n"
+        writer.write(head + b"x")
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        writer.write(b"x")  # still arriving: the limit is the whole body's, not a gap's
+        answer = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        writer.close()
+        status, _, body = answer.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 408 ")
+        assert json.loads(body) == {"error": "the body did not arrive whole within 0.5 s"}
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\nabc")
+        await writer.drain()
+        assert b'{"read":3}' in await asyncio.wait_for(reader.read(1000), 10)
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_the_time_limit_ends_with_the_body() -> None:
+    """Once the body is whole, a later receive (a streamed response waits on it for the
+    client's disconnect) is not timed, however late its answer comes."""
+    app = _echo_app(limit=1000, timeout_s=0.2).app
+    messages = [{"type": "http.request", "body": b"abc", "more_body": False}]
+
+    async def receive() -> dict[str, object]:
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(0.5)
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/stream", "raw_path": b"/stream", "query_string": b"",
+        "root_path": "", "headers": [(b"content-length", b"3")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+    }  # fmt: skip
+    await app(scope, receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 200
+    assert json.loads(sent[1]["body"]) == {"then": "http.disconnect"}  # type: ignore[arg-type]

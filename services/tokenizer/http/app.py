@@ -81,7 +81,10 @@ class _RequestId:
         await self.app(scope, receive, send_with_id)
 
 
-def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry) -> FastAPI:
+def create_app(
+    admission: Admission, keys: ApiKeys, registry: CollectorRegistry, body_timeout_s: float = 0.0
+) -> FastAPI:
+    """body_timeout_s: how long a request's body may take to arrive (0: no limit)."""
     app = FastAPI(
         title="tandem",
         summary="OpenAI-compatible API of a tandem server",
@@ -189,7 +192,7 @@ def create_app(admission: Admission, keys: ApiKeys, registry: CollectorRegistry)
 
     app.include_router(v1)
     app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS))
-    app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES)
+    app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES, timeout_s=body_timeout_s)
     # The documented paths: app.routes holds included routers as entries of their own.
     paths = list(app.openapi()["paths"])
     app.add_middleware(HttpMetrics, count=a.telemetry.metrics.http_response, paths=paths)
