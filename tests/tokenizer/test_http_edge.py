@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -254,6 +256,25 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read_whole() -> None:
     )
 
 
+async def _post(
+    app: Any, path: str, receive: Callable[[], Awaitable[dict[str, object]]], header: Any
+) -> list[dict[str, object]]:
+    """The ASGI messages `app` sends for a POST to `path` whose body `receive` gives."""
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": [header],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+    }  # fmt: skip
+    await app(scope, receive, send)
+    return sent
+
+
 async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
     """No Content-Length: the bytes are counted as they arrive, and the rest is never read."""
     app = _echo_app(limit=100).app
@@ -264,18 +285,7 @@ async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> Non
         pulled += 1
         return {"type": "http.request", "body": b"x" * 60, "more_body": pulled < 1000}
 
-    sent: list[dict[str, object]] = []
-
-    async def send(message: dict[str, object]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/echo", "raw_path": b"/echo", "query_string": b"",
-        "root_path": "", "headers": [(b"content-type", b"application/octet-stream")],
-        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
-    }  # fmt: skip
-    await app(scope, receive, send)  # type: ignore[arg-type]
+    sent = await _post(app, "/echo", receive, (b"content-type", b"application/octet-stream"))
     assert pulled == 2  # 120 bytes read of 60,000
     assert sent[0]["status"] == 413
     message = "the body is more than 100 bytes; this server takes at most 100"
@@ -314,9 +324,8 @@ async def test_a_body_that_trickles_in_past_the_time_limit_gets_408() -> None:
     """A client that sends its headers and then a byte at a time, slower than the limit allows,
     through uvicorn as the tokenizer serves it: 408 naming the limit, the connection closed,
     and the server answers the next client."""
-    server = HttpServer(
-        _echo_app(limit=1000, timeout_s=0.5).app, "127.0.0.1", 0, TlsSettings(), grace_s=1
-    )  # type: ignore[arg-type]
+    app: Any = _echo_app(limit=1000, timeout_s=0.5).app
+    server = HttpServer(app, "127.0.0.1", 0, TlsSettings(), grace_s=1)
     await server.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -351,17 +360,6 @@ async def test_the_time_limit_ends_with_the_body() -> None:
         await asyncio.sleep(0.5)
         return {"type": "http.disconnect"}
 
-    sent: list[dict[str, object]] = []
-
-    async def send(message: dict[str, object]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/stream", "raw_path": b"/stream", "query_string": b"",
-        "root_path": "", "headers": [(b"content-length", b"3")],
-        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
-    }  # fmt: skip
-    await app(scope, receive, send)  # type: ignore[arg-type]
+    sent = await _post(app, "/stream", receive, (b"content-length", b"3"))
     assert sent[0]["status"] == 200
     assert json.loads(sent[1]["body"]) == {"then": "http.disconnect"}  # type: ignore[arg-type]
