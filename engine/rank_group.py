@@ -22,6 +22,7 @@ against a rank that hangs alive. A group is not mended: its owner closes it and 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
@@ -247,10 +248,11 @@ def _follow(
     joining.send(rank)
     tp = join(rank, world_size, store, device, args.timeout_s)
     engine = _load(replace(args, warm_up_tokens=None), tp)
-    # As rank 0's process does once it serves: a full collection's walk over all that loading
-    # made would stall every collective of the group.
+    # As rank 0's process does once it serves (services/process.py): a full collection's walk
+    # over all that loading made would stall every collective of the group.
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
     reader = channel.reader(rank - 1)
     while True:
         kind, payload = reader.get()

@@ -7,6 +7,7 @@ server stopped within the service's grace, then the service.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import gc
 import logging
@@ -156,9 +157,12 @@ def freeze_start_up(role: str) -> None:
     """Put every object start-up made (modules, the model's Python side, graphs' bookkeeping)
     out of the cyclic collector's reach. Otherwise each full collection walks all of them while
     serving, and in the worker, with torch loaded, that pause stops every step in flight; what
-    serving allocates afterwards is collected as before (bench/RESULTS-gpu.md, session 51)."""
+    serving allocates afterwards is collected as before (bench/RESULTS-gpu.md, session 51).
+    At exit they are handed back, so that the interpreter's last collection finalizes them
+    (Triton's bindings name every object still alive then as a leak)."""
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
     log.info("%s: %d objects of start-up kept out of collections", role, gc.get_freeze_count())
 
 
