@@ -18,6 +18,7 @@ from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_cache import KVCache, pool_dtype
 from engine.loader import LoadedModel, load_model
+from engine.memory import activation_reserve, check_kv_pool_fits
 from engine.native_decode import NativeDecoder
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.sampling import Sampler
@@ -175,16 +176,22 @@ class Engine:
         load_s = time.perf_counter() - started
         # kv_cache_bytes is each rank's: a rank's blocks hold its KV heads only.
         per_block = KVCache.bytes_per_block(loaded.model.config, block_size, kv_dtype)
+        reserve = activation_reserve(torch_device, max_num_seqs, loaded.config.vocab_size)
         if kv_cache_bytes == 0 and torch_device.type == "cuda":
             fraction = gpu_memory_fraction
             if not 0 < fraction <= 1:
                 raise InvalidRequest("gpu_memory_fraction", f"must be in (0, 1], got {fraction}")
             free, total = torch.cuda.mem_get_info(torch_device)
-            # Logits of the largest decode batch (fp32) and a margin for activations and graphs.
-            reserve = max_num_seqs * loaded.config.vocab_size * 4 * 2 + (2 << 30)
-            kv_cache_bytes = max(0, int(total * fraction) - (total - free) - reserve)
+            kv_cache_bytes = int(total * fraction) - (total - free) - reserve
+            if kv_cache_bytes < per_block:
+                raise InvalidRequest(
+                    "gpu_memory_fraction",
+                    f"the weights leave no room for a KV cache in {fraction} of the card "
+                    f"({free >> 20:,} MiB free, {reserve >> 20:,} MiB kept for activations)",
+                )
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
+        check_kv_pool_fits(blocks * per_block, reserve, torch_device)
         blocks = tp.min(blocks)  # block ids mean the same on every rank: one count for all
         engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs, kv_dtype)
         engine.start_times["load"] = load_s

@@ -1,0 +1,81 @@
+"""A KV cache the machine cannot hold is refused at load with a message that says how much
+would fit, before the pool is allocated (on a CPU the kernel's OOM killer found it before:
+`--kv-cache-mb 999999999` had the worker killed and restarted, and other processes at risk)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import memory
+from engine.engine import Engine
+from engine.errors import InvalidRequest
+from tests.engine.conftest import write_tiny_checkpoint
+
+MIB = 1 << 20
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-memory")
+    write_tiny_checkpoint(folder, seed=2)
+    return folder
+
+
+def _free_memory(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    monkeypatch.setattr(memory, "_meminfo_available", lambda: free)
+    monkeypatch.setattr(memory, "_cgroup_headroom", lambda: None)
+
+
+def test_a_kv_cache_beyond_the_memory_left_is_refused_naming_what_fits(
+    tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reserve = memory.activation_reserve(CPU, max_num_seqs=8, vocab_size=320)
+    _free_memory(monkeypatch, reserve + 3 * MIB)
+    with pytest.raises(InvalidRequest) as refused:
+        Engine.from_path(tiny_folder, kv_cache_bytes=4 * MIB, max_num_seqs=8, progress=False)
+    assert refused.value.field == "kv_cache_mb"
+    message = str(refused.value)
+    assert "a KV cache of 4 MiB does not fit on cpu" in message
+    assert f"{reserve // MIB} MiB of that stay free for activations" in message
+    assert message.endswith("give --kv-cache-mb 3 or less")
+
+
+def test_a_kv_cache_that_fits_beside_the_reserve_loads(
+    tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reserve = memory.activation_reserve(CPU, max_num_seqs=8, vocab_size=320)
+    _free_memory(monkeypatch, reserve + 4 * MIB)
+    engine = Engine.from_path(tiny_folder, kv_cache_bytes=4 * MIB, max_num_seqs=8, progress=False)
+    assert engine.num_kv_blocks > 0
+
+
+def test_where_the_free_memory_cannot_be_read_nothing_is_refused(
+    tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "_meminfo_available", lambda: None)
+    monkeypatch.setattr(memory, "_cgroup_headroom", lambda: None)
+    assert memory.available_bytes(CPU) is None
+    Engine.from_path(tiny_folder, kv_cache_bytes=4 * MIB, max_num_seqs=8, progress=False)
+
+
+def test_free_memory_is_the_hosts_or_the_containers_whichever_is_less(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  24000000 kB\nMemFree:  1000 kB\nMemAvailable:  2048 kB\n")
+    assert memory._meminfo_available(meminfo) == 2048 * 1024
+    assert memory._meminfo_available(tmp_path / "absent") is None
+
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("max\n")
+    assert memory._cgroup_headroom(cgroup) is None  # no limit: the host's figure stands
+    (cgroup / "memory.max").write_text(f"{1000 * MIB}\n")
+    (cgroup / "memory.current").write_text(f"{700 * MIB}\n")
+    (cgroup / "memory.stat").write_text(f"anon {600 * MIB}\ninactive_file {50 * MIB}\n")
+    # The page cache the kernel would drop before the container's OOM counts as free.
+    assert memory._cgroup_headroom(cgroup) == 350 * MIB
+    (cgroup / "memory.current").write_text(f"{1100 * MIB}\n")
+    assert memory._cgroup_headroom(cgroup) == 0
