@@ -191,7 +191,9 @@ class Engine:
                 )
         max_blocks = -(-loaded.config.max_seq_len // block_size)
         blocks = max(1, min(kv_cache_bytes // per_block, 64 * max_blocks))
-        check_kv_pool_fits(blocks * per_block, reserve, torch_device)
+        # On a CPU the ranks of a group share the machine's memory; on CUDA each has a device.
+        sharing = tp.world_size if torch_device.type == "cpu" else 1
+        check_kv_pool_fits(blocks * per_block, reserve, torch_device, sharing)
         blocks = tp.min(blocks)  # block ids mean the same on every rank: one count for all
         engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs, kv_dtype)
         engine.start_times["load"] = load_s

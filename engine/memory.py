@@ -33,17 +33,19 @@ def available_bytes(device: torch.device) -> int | None:
     return min(limits) if limits else None
 
 
-def check_kv_pool_fits(pool_bytes: int, reserve: int, device: torch.device) -> None:
-    """Refuse a KV pool that, with `reserve` beside it, is more than `device` has left."""
+def check_kv_pool_fits(pool_bytes: int, reserve: int, device: torch.device, ranks: int = 1) -> None:
+    """Refuse a KV pool that, with `reserve` beside it, is more than `device` has left; `ranks`
+    processes of a tensor-parallel group that share the device each hold one."""
     available = available_bytes(device)
-    if available is None or pool_bytes + reserve <= available:
+    if available is None or (pool_bytes + reserve) * ranks <= available:
         return
-    room = max(0, available - reserve) // _MIB
+    room = max(0, available // ranks - reserve) // _MIB
+    each = f" for each of {ranks} ranks" if ranks > 1 else ""
     raise InvalidRequest(
         "kv_cache_mb",
-        f"a KV cache of {pool_bytes // _MIB:,} MiB does not fit on {device.type}: "
-        f"{available // _MIB:,} MiB are free after the weights and {reserve // _MIB:,} MiB "
-        f"of that stay free for activations; give --kv-cache-mb {room} or less",
+        f"a KV cache of {pool_bytes // _MIB:,} MiB{each} does not fit on {device.type}: "
+        f"{available // _MIB:,} MiB are free after the weights and {reserve // _MIB:,} MiB{each} "
+        f"stay free for activations; give --kv-cache-mb {room} or less",
     )
 
 

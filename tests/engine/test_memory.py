@@ -40,8 +40,21 @@ def test_a_kv_cache_beyond_the_memory_left_is_refused_naming_what_fits(
     assert refused.value.field == "kv_cache_mb"
     message = str(refused.value)
     assert "a KV cache of 4 MiB does not fit on cpu" in message
-    assert f"{reserve // MIB} MiB of that stay free for activations" in message
+    assert f"{reserve // MIB} MiB stay free for activations" in message
     assert message.endswith("give --kv-cache-mb 3 or less")
+
+
+def test_the_ranks_of_a_group_on_one_cpu_are_counted_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each rank checks before any has allocated: each must ask for its share of the room."""
+    _free_memory(monkeypatch, 2 * (100 + 4) * MIB)
+    memory.check_kv_pool_fits(4 * MIB, 100 * MIB, CPU, ranks=2)
+    with pytest.raises(InvalidRequest) as refused:
+        memory.check_kv_pool_fits(5 * MIB, 100 * MIB, CPU, ranks=2)
+    message = str(refused.value)
+    assert "a KV cache of 5 MiB for each of 2 ranks does not fit on cpu" in message
+    assert message.endswith("give --kv-cache-mb 4 or less")
 
 
 def test_a_kv_cache_that_fits_beside_the_reserve_loads(
