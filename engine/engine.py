@@ -176,7 +176,9 @@ class Engine:
         load_s = time.perf_counter() - started
         # kv_cache_bytes is each rank's: a rank's blocks hold its KV heads only.
         per_block = KVCache.bytes_per_block(loaded.model.config, block_size, kv_dtype)
-        reserve = activation_reserve(torch_device, max_num_seqs, loaded.config.vocab_size)
+        reserve = activation_reserve(
+            torch_device, max_num_seqs, warm_up_tokens, loaded.config.vocab_size
+        )
         if kv_cache_bytes == 0 and torch_device.type == "cuda":
             fraction = gpu_memory_fraction
             if not 0 < fraction <= 1:

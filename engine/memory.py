@@ -17,10 +17,16 @@ _MIB = 1 << 20
 _RESERVE = {"cuda": 2 << 30, "cpu": 512 * _MIB}
 
 
-def activation_reserve(device: torch.device, max_num_seqs: int, vocab_size: int) -> int:
+def activation_reserve(
+    device: torch.device, max_num_seqs: int, step_tokens: int | None, vocab_size: int
+) -> int:
     """Bytes kept free beside the KV pool: the largest decode batch's fp32 logits twice, and a
-    margin for everything else a step allocates."""
-    return max_num_seqs * vocab_size * 4 * 2 + _RESERVE.get(device.type, _RESERVE["cpu"])
+    margin for everything else a step allocates. On CUDA the graphs hold logits for
+    `max_num_seqs` rows; elsewhere a step has at most `step_tokens` rows (the step budget)."""
+    rows = max_num_seqs
+    if device.type != "cuda" and step_tokens is not None:
+        rows = min(rows, step_tokens)
+    return rows * vocab_size * 4 * 2 + _RESERVE.get(device.type, _RESERVE["cpu"])
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -39,8 +45,15 @@ def check_kv_pool_fits(pool_bytes: int, reserve: int, device: torch.device, rank
     available = available_bytes(device)
     if available is None or (pool_bytes + reserve) * ranks <= available:
         return
-    room = max(0, available // ranks - reserve) // _MIB
+    room = (available // ranks - reserve) // _MIB
     each = f" for each of {ranks} ranks" if ranks > 1 else ""
+    if room <= 0:
+        raise InvalidRequest(
+            "max_num_seqs",
+            f"the weights leave {available // _MIB:,} MiB free on {device.type}: not enough for "
+            f"the {reserve // _MIB:,} MiB{each} kept for activations, KV cache aside; "
+            "serve fewer sequences a step (--max-num-seqs) or free memory",
+        )
     raise InvalidRequest(
         "kv_cache_mb",
         f"a KV cache of {pool_bytes // _MIB:,} MiB{each} does not fit on {device.type}: "

@@ -33,7 +33,7 @@ def _free_memory(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
 def test_a_kv_cache_beyond_the_memory_left_is_refused_naming_what_fits(
     tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reserve = memory.activation_reserve(CPU, max_num_seqs=8, vocab_size=320)
+    reserve = memory.activation_reserve(CPU, 8, 2048, vocab_size=320)
     _free_memory(monkeypatch, reserve + 3 * MIB)
     with pytest.raises(InvalidRequest) as refused:
         Engine.from_path(tiny_folder, kv_cache_bytes=4 * MIB, max_num_seqs=8, progress=False)
@@ -60,7 +60,7 @@ def test_the_ranks_of_a_group_on_one_cpu_are_counted_together(
 def test_a_kv_cache_that_fits_beside_the_reserve_loads(
     tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reserve = memory.activation_reserve(CPU, max_num_seqs=8, vocab_size=320)
+    reserve = memory.activation_reserve(CPU, 8, 2048, vocab_size=320)
     _free_memory(monkeypatch, reserve + 4 * MIB)
     engine = Engine.from_path(tiny_folder, kv_cache_bytes=4 * MIB, max_num_seqs=8, progress=False)
     assert engine.num_kv_blocks > 0
@@ -92,3 +92,23 @@ def test_free_memory_is_the_hosts_or_the_containers_whichever_is_less(tmp_path: 
     assert memory._cgroup_headroom(cgroup) == 350 * MIB
     (cgroup / "memory.current").write_text(f"{1100 * MIB}\n")
     assert memory._cgroup_headroom(cgroup) == 0
+
+
+def test_on_a_cpu_the_logits_reserved_are_those_of_the_largest_step() -> None:
+    """A decode step has at most the step budget's rows: --max-num-seqs 100000 on a CPU asked
+    for 38 GB of logits and was refused with a KV cache of 1 GiB."""
+    vocab = 49_152
+    assert memory.activation_reserve(CPU, 100_000, 2048, vocab) == 2048 * vocab * 8 + 512 * MIB
+    assert memory.activation_reserve(CPU, 64, 2048, vocab) == 64 * vocab * 8 + 512 * MIB
+    cuda = torch.device("cuda")  # its graphs hold logits for every row they may replay
+    assert memory.activation_reserve(cuda, 100_000, 2048, vocab) == 100_000 * vocab * 8 + (2 << 30)
+
+
+def test_a_reserve_beyond_the_memory_left_names_the_setting_that_asks_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _free_memory(monkeypatch, 100 * MIB)
+    with pytest.raises(InvalidRequest) as refused:
+        memory.check_kv_pool_fits(4 * MIB, 200 * MIB, CPU)
+    assert refused.value.field == "max_num_seqs"
+    assert "not enough for the 200 MiB kept for activations" in str(refused.value)
