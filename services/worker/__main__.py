@@ -56,6 +56,14 @@ async def serve(config: WorkerConfig) -> int:
             engine.block_size,
             engine.loaded.linear_format,
         )
+        kv_tokens, context = engine.num_kv_blocks * engine.block_size, engine.config.max_seq_len
+        if kv_tokens < context:  # the scheduler refuses longer requests, each with a message
+            log.warning(
+                "the KV cache holds %d tokens, less than one full context of %d: requests whose "
+                "prompt and max_tokens need more are refused (--kv-cache-mb sets its size)",
+                kv_tokens,
+                context,
+            )
         reader = Reader()
         policy = ThreadPolicy(threads, os.cpu_count() or 1) if engine.device.type == "cpu" else None
         overlap = e.overlap_steps and engine.device.type == "cuda" and engine.followers is None
