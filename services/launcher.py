@@ -28,6 +28,7 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.listen import bind_error
 from shm.reaper import reap
 
 log = logging.getLogger("tandem.launcher")
@@ -50,15 +51,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _in_use(port: int) -> bool:
-    # Bound as servers bind (SO_REUSEADDR): what a closed connection left in TIME_WAIT is no use.
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-            s.listen()
-        except OSError:
-            return True
-    return False
+    return bind_error("", port) is not None
 
 
 def _die_with_parent() -> None:

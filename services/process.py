@@ -30,6 +30,7 @@ from engine.errors import EngineError
 from services.client_types import MAX_MESSAGE_BYTES
 from services.errors import CannotStart
 from services.interceptors import ErrorInterceptor
+from services.listen import CannotListen, bind_error, split_address
 from services.settings import parse
 from services.telemetry.config import TelemetryConfig
 from services.telemetry.metrics_server import MetricsServer
@@ -130,18 +131,29 @@ async def start_server(
     names = [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
     if tls is not None and tls.enabled:
-        port = server.add_secure_port(address, server_credentials(tls))
+        creds = server_credentials(tls)
+        port = _add_port(address, reuse_port, lambda: server.add_secure_port(address, creds))
     else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
+        port = _add_port(address, reuse_port, lambda: server.add_insecure_port(address))
     # A port of this process alone, for health checks when several processes share `address`.
-    if admin_address and server.add_insecure_port(admin_address) == 0:
-        raise OSError(f"could not bind {admin_address}")
+    if admin_address:
+        _add_port(admin_address, False, lambda: server.add_insecure_port(admin_address))
     await server.start()
     running = RunningServer(server, health, port)
     await running.set_serving(serving)
     return running
+
+
+def _add_port(address: str, reuse_port: bool, add: Callable[[], int]) -> int:
+    """The port `add` bound; CannotListen, saying why, where gRPC could not bind `address`."""
+    try:
+        port = add()
+    except RuntimeError:  # gRPC's "Failed to bind", without the reason
+        port = 0
+    if port == 0:
+        host, wanted = split_address(address)
+        raise CannotListen(address, bind_error(host, wanted, reuse_port))
+    return port
 
 
 def stop_event_on_signals() -> asyncio.Event:
@@ -265,7 +277,8 @@ def main(
         return 2
     try:
         return run(lambda: serve(config))
-    except EngineError as err:  # what the engine refused as it loaded: a file, a setting
+    # What the engine refused as it loaded (a file, a setting), an address it cannot listen on.
+    except (EngineError, CannotStart) as err:
         print(f"{role}: error: {err}", file=sys.stderr)
         return 2
 

@@ -139,12 +139,14 @@ async def test_a_port_the_user_gave_that_is_taken_fails_the_start_naming_it(
     supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
     try:
         config = parse_serve(_serve_flags("--worker-port", str(port)))
-        with pytest.raises(LaunchFailed, match="worker exited with code 1 while starting"):
+        with pytest.raises(LaunchFailed, match="worker exited with code 2 while starting"):
             await start_children(supervisor, config, tmp_path)
     finally:
         await supervisor.stop_all()
         thief.close()
-    assert f"Failed to bind to address 127.0.0.1:{port}" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert f"worker: error: cannot listen on 127.0.0.1:{port}: the port is in use" in err
+    assert "Traceback" not in err
     started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("started")]
     assert len(started) == 1  # the worker, once: a port the user gave is never changed
 

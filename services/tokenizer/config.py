@@ -41,6 +41,10 @@ class EdgeSettings:
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise ValueError(f"{name} must be in [0, 65536), got {getattr(self, name)}")
+        if self.port and self.port == self.http_port:
+            raise ValueError(
+                f"port and http_port are both {self.port}: gRPC and HTTP need a port each"
+            )
         if any(not key for key in self.api_key):
             raise ValueError("an API key must not be empty")
         if not self.http_body_timeout_s >= 0:

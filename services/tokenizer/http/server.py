@@ -12,6 +12,7 @@ import ssl
 import uvicorn
 from fastapi import FastAPI
 
+from services.listen import CannotListen
 from services.tls import TlsSettings
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,12 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise CannotListen(f"{host}:{port}", err) from err
     sock.setblocking(False)
     return sock
 
