@@ -176,11 +176,13 @@ async def _supervise(config: ServeConfig) -> int:
     log = logging.getLogger("tandem.launcher")
     if config.port == 0:  # one free port, which every tokenizer shares and the demo is sent to
         config = replace(config, port=free_port())
-    for option, port in (("--port", config.port), ("--http-port", config.http_port)):
+    ports = (("--port", config.port, "a free one"), ("--http-port", config.http_port, "no HTTP"))
+    for option, port, zero in ports:
         # Without SO_REUSEPORT, which the tokenizers share these ports by: a process already on
         # one refuses this, where the tokenizers would have joined it.
         if port and (err := bind_error(config.host, port)) is not None:
-            log.error("%s %d: %s", option, port, CannotListen(f"{config.host}:{port}", err))
+            why = CannotListen(f"{config.host}:{port}", err)
+            log.error("%s %d: %s; give another %s (0: %s)", option, port, why, option, zero)
             return 1
     stop = stop_event_on_signals()
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
