@@ -23,7 +23,8 @@ class CannotListen(CannotStart):
     """An address this process cannot listen on."""
 
     def __init__(self, address: str, err: OSError | None) -> None:
-        reason = "the port is taken or the host is not an address of this machine"
+        # None: a socket binds there, yet the server did not (a port taken only for a moment).
+        reason = "the server could not open it, though it is free now"
         if err is not None:
             reason = _REASONS.get(err.errno or 0, err.strerror or str(err))
         super().__init__(f"cannot listen on {address}: {reason}")

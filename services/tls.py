@@ -10,6 +10,7 @@ an internal channel to another host, the CA that signed that host's certificate.
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,25 @@ class TlsSettings:
             path = getattr(self, name)
             if path and not Path(path).expanduser().is_file():
                 raise ValueError(f"{name}: no such file {path}")
+        # Loaded once here, where the reason can be told: gRPC, given a bad file, only fails to
+        # open the port, and uvicorn fails at its first handshake.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        if self.ssl_certfile:
+            cert, key = (str(Path(p).expanduser()) for p in (self.ssl_certfile, self.ssl_keyfile))
+            try:  # a password-protected key fails here rather than prompting for one
+                context.load_cert_chain(cert, key, password=lambda: b"")
+            except (ssl.SSLError, OSError) as err:
+                raise ValueError(
+                    f"ssl_certfile, ssl_keyfile: {cert} and {key} are not a PEM certificate and "
+                    f"its unencrypted private key ({err})"
+                ) from err
+        if self.ssl_ca_certs:
+            try:
+                context.load_verify_locations(str(Path(self.ssl_ca_certs).expanduser()))
+            except (ssl.SSLError, OSError) as err:
+                raise ValueError(
+                    f"ssl_ca_certs: {self.ssl_ca_certs} holds no PEM CA certificate ({err})"
+                ) from err
 
     @property
     def enabled(self) -> bool:

@@ -41,6 +41,20 @@ def test_settings_are_checked(certs: dict[str, str]) -> None:
         TlsSettings(ssl_certfile="/nonexistent.pem", ssl_keyfile=certs["key"])
 
 
+def test_files_that_are_not_a_certificate_and_its_key_are_named_at_once(
+    certs: dict[str, str], tmp_path: Path
+) -> None:
+    """gRPC given them only failed to open the port, which read as a port in use."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    with pytest.raises(ValueError, match="not a PEM certificate and its unencrypted private key"):
+        TlsSettings(ssl_certfile=str(garbage), ssl_keyfile=certs["key"])
+    with pytest.raises(ValueError, match="not a PEM certificate"):  # another certificate's key
+        TlsSettings(ssl_certfile=certs["cert"], ssl_keyfile=certs["ckey"])
+    with pytest.raises(ValueError, match=r"ssl_ca_certs: .* holds no PEM CA certificate"):
+        TlsSettings(ssl_certfile=certs["cert"], ssl_keyfile=certs["key"], ssl_ca_certs=str(garbage))
+
+
 def test_only_channels_to_other_hosts_take_tls(certs: dict[str, str]) -> None:
     tls = TlsSettings(ssl_certfile=certs["cert"], ssl_keyfile=certs["key"])
     for local in ("127.0.0.1:50052", "127.0.0.2:1", "localhost:1", "[::1]:1"):
