@@ -156,6 +156,18 @@ def _add_port(address: str, reuse_port: bool, add: Callable[[], int]) -> int:
     return port
 
 
+def _exit_on_stop_signals() -> None:
+    """While the service is built, SIGINT or SIGTERM ends the process at once, unwinding what
+    was made so far. Building (a model loading, kernels compiling) holds the event loop, which
+    would see the signal only once it is done: the launcher killed a worker 10 s after Ctrl-C."""
+
+    def exit_now(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, exit_now)
+
+
 def stop_event_on_signals() -> asyncio.Event:
     """An event set by SIGINT or SIGTERM: the process's cue to drain and stop."""
     stop = asyncio.Event()
@@ -224,10 +236,11 @@ async def run_service(
     telemetry: TelemetryConfig,
     build: Callable[[Tracing], Awaitable[Service]],
 ) -> int:
-    stop = stop_event_on_signals()
+    _exit_on_stop_signals()
     reap()  # what crashed processes left in a shared /dev/shm (e.g. across containers)
     tracing = Tracing.start(telemetry)
     service = await build(tracing)
+    stop = stop_event_on_signals()  # from here a stop drains what the process serves
     metrics = MetricsServer.start(telemetry.metrics_host, telemetry.metrics_port, service.metrics)
     server = await start_server(
         address,

@@ -1,4 +1,5 @@
-"""The process lifecycle keeps what start-up made out of the garbage collector's reach."""
+"""The process lifecycle: what start-up made is kept out of the garbage collector's reach, and
+a stop signal during start-up ends the process at once."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ async def test_what_start_up_made_is_frozen_once_the_service_has_started(
 ) -> None:
     stop = asyncio.Event()
     monkeypatch.setattr(process, "stop_event_on_signals", lambda: stop)
+    monkeypatch.setattr(process, "_exit_on_stop_signals", lambda: None)  # pytest's own signals
     made: dict[str, list[object]] = {}
     started = asyncio.Event()
 
@@ -75,3 +77,39 @@ def test_what_was_frozen_is_finalized_at_exit() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "leaked" not in done.stderr
+
+
+BLOCKED_BUILD = """
+import time
+from services.process import run, run_service
+from services.telemetry.config import TelemetryConfig, TracingSettings
+
+async def build(tracing):
+    print("building", flush=True)
+    time.sleep(600)  # holds the event loop, as a model loading or kernels compiling do
+
+telemetry = TelemetryConfig(service_name="t", tracing=TracingSettings(trace_sampler="always_off"))
+raise SystemExit(run(lambda: run_service("test", "127.0.0.1:0", telemetry, build)))
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_service_is_built_ends_the_process_at_once(
+    signal_name: str,
+) -> None:
+    """The loop sees no signal while a build holds it: the launcher killed a worker 10 s after
+    Ctrl-C, and a worker started by hand ran its whole start-up first."""
+    import signal
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_BUILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"building\n"
+    child.send_signal(getattr(signal, signal_name))
+    try:
+        _, err = child.communicate(timeout=120)  # without the handler: the build's 600 s
+    finally:
+        child.kill()
+    assert child.returncode == 0, err.decode()
+    assert b"Traceback" not in err
