@@ -168,6 +168,7 @@ async def start_children(
 
 
 async def _supervise(config: ServeConfig) -> int:
+    from services.address import join_address
     from services.client_types import TandemError
     from services.launcher import LaunchFailed, Supervisor, free_port
     from services.listen import CannotListen, bind_error
@@ -181,7 +182,7 @@ async def _supervise(config: ServeConfig) -> int:
         # Without SO_REUSEPORT, which the tokenizers share these ports by: a process already on
         # one refuses this, where the tokenizers would have joined it.
         if port and (err := bind_error(config.host, port)) is not None:
-            why = CannotListen(f"{config.host}:{port}", err)
+            why = CannotListen(join_address(config.host, port), err)
             log.error("%s %d: %s; give another %s (0: %s)", option, port, why, option, zero)
             return 1
     stop = stop_event_on_signals()
@@ -200,7 +201,7 @@ async def _supervise(config: ServeConfig) -> int:
                 print(f"metrics {s.name} {s.metrics_url}", flush=True)
         if config.http_port:
             scheme = "https" if config.tls.enabled else "http"
-            print(f"http {scheme}://{config.host}:{config.http_port}/v1", flush=True)
+            print(f"http {scheme}://{join_address(config.host, config.http_port)}/v1", flush=True)
         if not config.api_key:
             log.warning(
                 "no --api-key (or TANDEM_API_KEY): the API is open to anyone who can reach %s",

@@ -45,9 +45,3 @@ def bind_error(host: str, port: int, reuse_port: bool = False) -> OSError | None
     except OSError as err:
         return err
     return None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" or "[v6]:port"."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)

@@ -27,10 +27,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from engine.errors import EngineError
+from services.address import split_address
 from services.client_types import MAX_MESSAGE_BYTES
 from services.errors import CannotStart
 from services.interceptors import ErrorInterceptor
-from services.listen import CannotListen, bind_error, split_address
+from services.listen import CannotListen, bind_error
 from services.settings import parse
 from services.telemetry.config import TelemetryConfig
 from services.telemetry.metrics_server import MetricsServer

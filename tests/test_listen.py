@@ -14,9 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from services.address import join_address, split_address
 from services.cli_serve import parse_serve
 from services.launcher import free_port
 from services.listen import CannotListen, bind_error
+from services.process import start_server
 
 NOT_HERE = "192.0.2.1"  # TEST-NET-1: never an address of this machine
 
@@ -92,3 +94,22 @@ def test_a_process_that_cannot_bind_its_port_says_so_in_one_line() -> None:
         "process"
     ) in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_ipv6_host_is_bracketed_where_an_address_is_made() -> None:
+    """`--host ::1` made "::1:50051", which gRPC refused as a misformatted name."""
+    assert join_address("::1", 50051) == "[::1]:50051"
+    assert join_address("[::1]", 50051) == "[::1]:50051"
+    assert join_address("127.0.0.1", 1) == "127.0.0.1:1"
+    assert split_address("[::1]:50051") == ("::1", 50051)
+    serve = parse_serve(["--host", "::1", "--port", "50051"])
+    assert serve.address == "[::1]:50051"
+
+
+@pytest.mark.skipif(bind_error("::1", 0) is not None, reason="this machine has no IPv6 loopback")
+async def test_a_grpc_server_listens_on_an_ipv6_host() -> None:
+    server = await start_server(join_address("::1", 0), lambda s: None, [])
+    try:
+        assert server.port > 0
+    finally:
+        await server.stop(0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from services.address import join_address
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
 from services.tls import TlsSettings
@@ -192,4 +193,4 @@ class SchedulerProcessConfig:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_address(self.host, self.port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.address import join_address
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
 from services.tls import TlsSettings
@@ -54,7 +55,7 @@ class EdgeSettings:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_address(self.host, self.port)
 
 
 @dataclass(frozen=True)

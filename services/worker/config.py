@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import registry
+from services.address import join_address
 from services.settings import flag
 from services.telemetry.config import TelemetryConfig
 from services.tls import TlsSettings
@@ -143,4 +144,4 @@ class WorkerConfig:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_address(self.host, self.port)

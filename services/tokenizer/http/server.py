@@ -12,6 +12,7 @@ import ssl
 import uvicorn
 from fastapi import FastAPI
 
+from services.address import join_address
 from services.listen import CannotListen
 from services.tls import TlsSettings
 
@@ -28,7 +29,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as err:
         sock.close()
-        raise CannotListen(f"{host}:{port}", err) from err
+        raise CannotListen(join_address(host, port), err) from err
     sock.setblocking(False)
     return sock
 
