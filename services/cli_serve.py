@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
+from services.address import join_address
 from services.scheduler.config import SchedulerProcessConfig, SchedulingPolicy
 from services.settings import flag, parse, write_file
 from services.telemetry.config import TelemetryConfig, TracingSettings
@@ -150,7 +151,11 @@ async def start_children(
         child = child_of(port)
         path = write_file(child, run_dir / f"{name}.json")
         t = child.telemetry
-        url = f"http://{t.metrics_host}:{t.metrics_port}/metrics" if t.metrics_port else ""
+        url = (
+            f"http://{join_address(t.metrics_host, t.metrics_port)}/metrics"
+            if t.metrics_port
+            else ""
+        )
         module, health, grace = f"services.{name}", child.address, 10.0
         if isinstance(child, TokenizerConfig):  # they share an address: health on a port of its own
             module, health, grace = "services.tokenizer", f"127.0.0.1:{child.admin_port}", 15.0
@@ -168,7 +173,6 @@ async def start_children(
 
 
 async def _supervise(config: ServeConfig) -> int:
-    from services.address import join_address
     from services.client_types import TandemError
     from services.launcher import LaunchFailed, Supervisor, free_port
     from services.listen import CannotListen, bind_error
