@@ -254,15 +254,20 @@ def test_run_over_two_ranks_matches_one(
 def test_edge_settings_reach_every_tokenizer(tmp_path: Path) -> None:
     from itertools import count
 
+    import trustme
+
     from services.cli_serve import ServeConfig, tokenizer_config
     from services.settings import parse, write_file
     from services.tokenizer.config import TokenizerConfig
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert.write_text("cert")
-    key.write_text("key")
+    ca = trustme.CA()
+    issued = ca.issue_cert("localhost")
+    cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
     argv = ["--http-port", "9001", "--api-key", "a", "--api-key", "b", "--tokenizers", "2"]
-    argv += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--ssl-ca-certs", str(cert)]
+    argv += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--ssl-ca-certs", str(ca_file)]
     serve = parse(ServeConfig, argv, {"TANDEM_API_KEY": "from-env"}, prog="t", description="")
     assert serve.api_key == ("a", "b")  # the command line replaces the environment's key
     ports = count(41000)
