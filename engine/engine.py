@@ -16,15 +16,18 @@ from engine.attention import build_metadata
 from engine.batch import FROM_LAST_STEP, SeqInput, SeqOutput
 from engine.config import ModelConfig
 from engine.errors import InvalidRequest
+from engine.guided import Guides
 from engine.kv_cache import KVCache, pool_dtype
 from engine.loader import LoadedModel, load_model
 from engine.memory import activation_reserve, check_kv_pool_fits
 from engine.native_decode import NativeDecoder
 from engine.piecewise_graphs import PiecewiseGraphs
 from engine.sampling import Sampler
+from engine.sampling_params import SamplingParams
 from engine.step_checks import StepChecks
 from engine.submitted import Fill, LastStep, Submitted
 from engine.tensor_parallel import SINGLE, TensorParallel, rank_device
+from engine.tokenizer import load_tokenizer
 from engine.upload import to_device
 from engine.warm_up import representative_batches, warm_up_batches
 
@@ -96,7 +99,11 @@ class Engine:
         total = num_kv_blocks + 1 if on_cuda else num_kv_blocks
         self.kv = KVCache(local, total, block_size, kv_cache_dtype or self.dtype, self.device)
         self.sampler = Sampler()
-        self._histories: dict[Hashable, list[int]] = {}  # only for sequences with penalties
+        # Only for sequences whose sampling reads them (penalties, a grammar).
+        self._histories: dict[Hashable, list[int]] = {}
+        # The matchers of sequences held to a grammar; None: this engine has no tokenizer to
+        # follow one with (Engine.from_path gives it the model's).
+        self.guides: Guides | None = None
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
         self.decode_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
@@ -199,6 +206,7 @@ class Engine:
         blocks = tp.min(blocks)  # block ids mean the same on every rank: one count for all
         engine = cls(loaded, blocks, block_size, max_num_seqs, cuda_graphs, kv_dtype)
         engine.start_times["load"] = load_s
+        engine.guides = Guides(lambda: load_tokenizer(path), loaded.config.vocab_size)
         if warm_up_tokens is not None and torch_device.type == "cuda":
             engine.warm_up(warm_up_tokens)
         return engine
@@ -237,6 +245,17 @@ class Engine:
             self.followers.send_release(ids)
         for seq_id in ids:
             self._histories.pop(seq_id, None)
+            if self.guides is not None:
+                self.guides.release(seq_id)
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """InvalidRequest if this engine cannot sample as `params` asks: a grammar it cannot
+        compile, or none to compile it with. A grammar is compiled here once, before any step."""
+        if not params.grammar:
+            return
+        if self.guides is None:
+            raise InvalidRequest("output_format", "this engine has no tokenizer to follow it")
+        self.guides.check(params.grammar)
 
     def wait_lost(self) -> str | None:
         """Block until a rank of this engine's group dies, and say which (None at once without
@@ -316,9 +335,9 @@ class Engine:
     ) -> Submitted:
         last, self._last = self._last, None
         if last is not None and any(
-            FROM_LAST_STEP in s.token_ids and s.sampling.uses_penalties for s in batch
+            FROM_LAST_STEP in s.token_ids and s.sampling.needs_history for s in batch
         ):
-            # A penalty's history is kept on the host: it needs the token itself.
+            # A penalty's or a grammar's history is kept on the host: it needs the token itself.
             batch, last = last.resolved(batch), None
         fill = Fill.of(batch, last, self.device)
         ahead, self._ahead = self._ahead, None
@@ -351,12 +370,14 @@ class Engine:
                 ends = list(itertools.accumulate(len(s.token_ids) for s in batch))
                 rows = to_device([ends[i] - 1 for i in sampled], self.device)
                 logits = self.model.logits(hidden.index_select(0, rows))  # (S, V)
+            sampled_histories = [histories[i] for i in sampled]
             out = self.sampler(
                 logits,
                 [s.sampling for s in seqs],
                 [s.start_pos + len(s.token_ids) for s in seqs],
-                [histories[i] for i in sampled],
+                sampled_histories,
                 [s.prompt_len for s in seqs],
+                self._allowed(seqs, sampled_histories, logits.shape[-1]),
             )
             packed, tokens, n_top = out.packed(), out.token_ids, out.n_top
         submitted = Submitted(seqs, packed, n_top)
@@ -423,8 +444,33 @@ class Engine:
             return ahead.outputs
         return graphs.run(batch, *inputs, fill)
 
+    def _allowed(
+        self,
+        seqs: Sequence[SeqInput],
+        histories: Sequence[tuple[list[int], int] | None],
+        vocab: int,
+    ) -> tuple[list[int], torch.Tensor] | None:
+        """The rows held to a grammar, and the tokens each may take next, for the sampler."""
+        rows = [i for i, s in enumerate(seqs) if s.sampling.grammar]
+        if not rows:
+            return None
+        if self.guides is None:
+            raise InvalidRequest("output_format", "this engine has no tokenizer to follow it")
+        outputs = []
+        for i in rows:
+            history = histories[i]
+            assert history is not None  # kept for every sequence with a grammar
+            tokens, prompt_len = history
+            outputs.append(tokens[prompt_len:])
+        masks = self.guides.masks(
+            [seqs[i].seq_id for i in rows], [seqs[i].sampling.grammar for i in rows], outputs
+        )
+        words = to_device(masks, self.device)
+        bits = (words[:, :, None] >> torch.arange(32, device=self.device, dtype=torch.int32)) & 1
+        return rows, bits.reshape(len(rows), -1)[:, :vocab].bool()
+
     def _update_history(self, seq: SeqInput) -> tuple[list[int], int] | None:
-        if not seq.sampling.uses_penalties:
+        if not seq.sampling.needs_history:
             return None
         history = self._histories.get(seq.seq_id)
         if history is None:

@@ -72,14 +72,21 @@ class Sampler:
         positions: Sequence[int],
         histories: Sequence[tuple[list[int], int] | None],
         prompt_lens: Sequence[int] | None = None,
+        allowed: tuple[list[int], torch.Tensor] | None = None,
     ) -> SampledBatch:
         """logits: (S, V) fp32. positions[i]: where row i's token will go. histories[i]: the
         sequence's tokens so far and its prompt length, for rows with penalties (else None).
-        prompt_lens[i]: row i's prompt length, for min_tokens (None: every row's is 0)."""
+        prompt_lens[i]: row i's prompt length, for min_tokens (None: every row's is 0).
+        allowed: rows held to a grammar, and (len(rows), V) bools of the tokens each may take."""
         device = logits.device
         raw = logits
         logits = self._apply_penalties(logits, params, histories)
         logits = self._apply_bias(logits, raw, params, positions, prompt_lens)
+        if allowed is not None:
+            held, tokens = allowed
+            index = to_device(held, device)
+            kept = logits.index_select(0, index).masked_fill(~tokens, float("-inf"))
+            logits = logits.index_copy(0, index, kept)  # a new tensor: raw stays the model's
         chosen = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:

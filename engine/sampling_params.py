@@ -11,6 +11,9 @@ from engine.errors import InvalidRequest
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 LOGIT_BIAS_RANGE = 100.0  # OpenAI's: a bias is in [-100, 100]
+# A grammar travels with its request through the scheduler to the worker, in the step that
+# starts the sequence: a step starting max_num_seqs sequences must stay well inside a ring record.
+MAX_GRAMMAR_BYTES = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ class SamplingParams:
     # The ids that end the sequence (end-of-sequence and the request's own): what min_tokens
     # holds back. Unused without min_tokens.
     stop_token_ids: tuple[int, ...] = ()
+    # What the output is held to (engine/guided.py compiles it; "" is free text).
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         checks = (
@@ -45,11 +50,19 @@ class SamplingParams:
             ("seed", self.seed is None or 0 <= self.seed < 2**63, "in [0, 2**63)"),
             ("min_tokens", self.min_tokens >= 0, ">= 0"),
             ("logit_bias", len(self.logit_bias) <= MAX_LOGIT_BIAS, f"at most {MAX_LOGIT_BIAS} ids"),
+            (
+                "grammar",
+                len(self.grammar.encode()) <= MAX_GRAMMAR_BYTES,
+                f"at most {MAX_GRAMMAR_BYTES} bytes",
+            ),
+            # Once a form is complete only an end token may follow, which min_tokens would mask.
+            ("min_tokens", not (self.grammar and self.min_tokens), "0 with an output format"),
         )
         for field, ok, rule in checks:
             if not ok:
                 value = getattr(self, field)
-                got = f"{len(value)}" if field == "logit_bias" else repr(value)  # not the map
+                sized = field in ("logit_bias", "grammar")
+                got = f"{len(value)}" if sized else repr(value)  # not the map or the text
                 raise InvalidRequest(field, f"must be {rule}, got {got}")
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not (math.isfinite(bias) and abs(bias) <= LOGIT_BIAS_RANGE):
@@ -69,9 +82,20 @@ class SamplingParams:
         return penalties != (1.0, 0.0, 0.0)
 
     @property
+    def needs_history(self) -> bool:
+        """Whether sampling reads the sequence's tokens so far (penalties count them, a grammar
+        follows them), so the engine keeps them on the host."""
+        return self.uses_penalties or bool(self.grammar)
+
+    @property
     def adjusts_logits(self) -> bool:
         """Whether the model's logits are changed before the pick (so greedy is not argmax)."""
-        return self.uses_penalties or bool(self.logit_bias) or self.min_tokens > 0
+        return (
+            self.uses_penalties
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+            or bool(self.grammar)
+        )
 
 
 GREEDY = SamplingParams(temperature=0.0)

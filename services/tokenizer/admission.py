@@ -20,6 +20,7 @@ from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
+from services.tokenizer.grammars import Grammars
 from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
 from services.tokenizer.scheduler_link import SchedulerLink
 from services.tokenizer.stream import TextStream
@@ -47,6 +48,10 @@ class Admission:
     arena: Arena | None
     telemetry: TokenizerTelemetry
     _background: set[asyncio.Task[None]] = dataclasses.field(default_factory=set, init=False)
+    _grammars: Grammars = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self._grammars = Grammars(self.tokenizer)
 
     @property
     def max_seq_len(self) -> int:
@@ -79,6 +84,11 @@ class Admission:
         limit = self.link.max_queued_requests
         if limit and self.link.waiting >= limit:
             raise ResourceExhausted(f"{self.link.waiting} requests are already waiting")
+        sampling = spec.sampling
+        if spec.output_format is not None:
+            with call.phase("grammar"):
+                grammar = await self._grammars.compile(spec.output_format)
+            sampling = dataclasses.replace(sampling, grammar=grammar)
         with call.phase("tokenize"):
             prompt_ids = await self._tokenize(spec)
         rid = spec.request_id
@@ -91,7 +101,6 @@ class Admission:
         stop_ids = spec.stop_token_ids | (
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
         )
-        sampling = spec.sampling
         if sampling.min_tokens:
             sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop_ids)))
         queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()

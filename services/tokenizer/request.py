@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
+from engine.guided import OutputFormat
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from tandem.v1 import generation_pb2 as pb
 
@@ -38,6 +39,7 @@ class GenerateSpec:
     session_id: str | None
     split_special_tokens: bool = False
     n: int = 1  # sequences from the prompt, each its own scheduler request
+    output_format: OutputFormat | None = None  # None: free text
 
 
 def check_model(name: str, model_name: str) -> None:
@@ -156,7 +158,26 @@ def parse_generate(
         session_id=req.session_id or None,
         split_special_tokens=req.split_special_tokens,
         n=req.n or 1,
+        output_format=_output_format(req),
     )
+
+
+def _output_format(req: pb.GenerateRequest) -> OutputFormat | None:
+    fmt = req.output_format
+    kind = fmt.WhichOneof("format") if req.HasField("output_format") else None
+    if kind is None or (kind == "json_object" and not fmt.json_object):
+        return None
+    # The sequence ends once the format is complete: only an end-of-sequence token may follow.
+    if req.ignore_eos:
+        raise InvalidRequest("ignore_eos", "cannot be used with an output_format")
+    if req.min_tokens:
+        raise InvalidRequest("min_tokens", "must be 0 with an output_format")
+    field = f"output_format.{kind}"
+    if kind == "json_object":
+        return OutputFormat("json_object", field=field)
+    if kind == "choice":
+        return OutputFormat("choice", tuple(fmt.choice.choices), field=field)
+    return OutputFormat(kind, getattr(fmt, kind), field=field)
 
 
 def _messages(chat: pb.ChatMessages, max_chars: int) -> list[dict[str, str]]:

@@ -188,7 +188,9 @@ class StepRunner:
         vocab = self.engine.config.vocab_size
         if len(prompt) and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
             raise InvalidRequest("prompt", f"ids outside [0, {vocab}): its memory was overwritten")
-        return SeqState(prompt, sampling_from_pb(new.sampling), list(new.output_ids))
+        sampling = sampling_from_pb(new.sampling)
+        self.engine.check_sampling(sampling)  # a grammar compiles here, failing this one alone
+        return SeqState(prompt, sampling, list(new.output_ids))
 
     def _batch(self, desc: hp.StepDescriptor, skip: set[int], sampling: set[int]) -> list[SeqInput]:
         """sampling: sequences sampled by a step still running, whose placeholders the engine
@@ -213,8 +215,8 @@ class StepRunner:
                 last if t == PLACEHOLDER else t for t in token_slice
             ]
             prefix = None
-            if not state.started and start and state.sampling.uses_penalties:
-                # The engine tracks penalty history from here on; it needs what came before once.
+            if not state.started and start and state.sampling.needs_history:
+                # The engine tracks the history from here on; it needs what came before once.
                 prefix = (state.prompt.tolist() + state.output_ids)[:start]
             state.started = True
             batch.append(

@@ -4,8 +4,11 @@ against a real `tandem serve`; and n, logit_bias and min_tokens through the gRPC
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -13,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.pipeline import Pipeline, pipeline
 from services.client import Client
+from services.client_types import TandemError
 from tests.e2e.client import idle, scheduler_stats, stats_when
 
 pytestmark = pytest.mark.slow
@@ -164,14 +168,18 @@ def test_errors_surface_as_the_sdks_exceptions(sdk: openai.OpenAI) -> None:
     assert bad.value.body["param"] == "temperature"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         sdk.chat.completions.create(model="gpt-4o", messages=CHAT)
-    for name, value in (
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-        ("best_of", 3),
+    for name, value, param in (
+        ("tools", [{"type": "function", "function": {"name": "f"}}], "tools"),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "x"}},
+            "response_format.json_schema",  # no schema in it
+        ),
+        ("best_of", 3, "best_of"),
     ):
         with pytest.raises(openai.BadRequestError) as refused:
             sdk.chat.completions.create(model="", messages=CHAT, extra_body={name: value})
-        assert refused.value.body["param"] == name  # type: ignore[index]
+        assert refused.value.body["param"] == param  # type: ignore[index]
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[0\]"):
         sdk.chat.completions.create(model="", messages=image)  # type: ignore[arg-type]
@@ -298,6 +306,106 @@ def test_min_tokens_and_logit_bias_through_grpc(grpc_client: Client) -> None:
         messages=CHAT, max_tokens=3, temperature=0, logit_bias={first: -100.0}
     )
     assert banned.token_ids[0] != first
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_chat_held_to_a_json_schema_streams_objects_it_accepts(served: Pipeline) -> None:
+    async def scenario() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=served.http_url, api_key="-") as sdk:
+            stream = await sdk.chat.completions.create(
+                model="",
+                messages=[{"role": "user", "content": "Describe a person called Ann."}],
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+                },
+                n=3,
+                temperature=1.0,
+                seed=5,
+                max_tokens=60,
+                stream=True,
+            )
+            texts = ["", "", ""]
+            reasons = [None, None, None]
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    texts[choice.index] += choice.delta.content or ""
+                    reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+            assert reasons == ["stop"] * 3
+            return texts
+
+    for text in asyncio.run(scenario()):
+        person = json.loads(text)
+        assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+        assert isinstance(person["name"], str) and len(person["name"]) <= 24
+
+
+def test_json_object_regex_and_choice_hold_the_output(sdk: openai.OpenAI) -> None:
+    reply = sdk.chat.completions.create(
+        model="", messages=CHAT, response_format={"type": "json_object"}, max_tokens=48,
+        temperature=0,
+    )  # fmt: skip
+    (choice,) = reply.choices
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content or ""), dict)
+    else:  # cut by max_tokens: still the start of an object
+        assert (choice.message.content or "").startswith("{")
+    date = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    done = sdk.completions.create(
+        model="", prompt="The first moon landing was on", max_tokens=16, temperature=0,
+        extra_body={"structured_outputs": {"regex": date}},
+    )  # fmt: skip
+    assert re.fullmatch(date, done.choices[0].text) and done.choices[0].finish_reason == "stop"
+    picked = sdk.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}}, temperature=0,
+    )  # fmt: skip
+    assert picked.choices[0].message.content in ("yes", "no")
+
+
+def test_a_bad_output_format_is_refused_and_nothing_is_held(
+    sdk: openai.OpenAI, served: Pipeline
+) -> None:
+    colour = {"name": "x", "schema": {"type": "colour"}}
+    bad = [
+        ({"response_format": {"type": "json_schema", "json_schema": colour}}, "schema"),
+        ({"extra_body": {"structured_outputs": {"regex": "(unclosed"}}}, "regex"),
+        ({"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}}, ""),
+    ]
+    params = ["response_format.json_schema.schema", "structured_outputs.regex", "ignore_eos"]
+    for (extra, words), param in zip(bad, params, strict=True):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.chat.completions.create(model="", messages=CHAT, max_tokens=4, **extra)
+        assert err.value.body["param"] == param, err.value.body  # type: ignore[index]
+        assert words in err.value.message
+    after = asyncio.run(stats_when(served.scheduler_address, idle, "the refused requests"))
+    assert after.kv_blocks_used == 0
+
+
+def test_grpc_output_format_and_its_errors(grpc_client: Client) -> None:
+    out = grpc_client.complete(
+        messages=CHAT,
+        max_tokens=16,
+        temperature=0,
+        output_format={"choice": {"choices": ["red", "green", "blue"]}},
+    )
+    assert out.text in ("red", "green", "blue") and out.finish_reason == "stop"
+    with pytest.raises(TandemError) as err:
+        grpc_client.complete(
+            messages=CHAT, max_tokens=4, output_format={"json_schema": "{"}, min_tokens=0
+        )
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.message.startswith("output_format.json_schema: is not JSON")
 
 
 def test_without_a_key_the_server_says_it_is_open(served: Pipeline) -> None:

@@ -162,7 +162,15 @@ def test_chat_converts_to_the_grpc_request() -> None:
     [
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
+        ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        (
+            {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+            "structured_outputs",
+        ),
         ({"best_of": 2}, "best_of"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -175,6 +183,34 @@ def test_unsupported_chat_parameters_are_refused_by_name(extra: dict, field: str
     with pytest.raises(InvalidRequest) as err:
         chat_plan(chat(**extra), "r", "m")
     assert err.value.field == field
+
+
+def test_output_formats_become_the_grpc_apis_one_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    forms = [
+        ({"response_format": {"type": "text"}}, None, None),
+        ({"response_format": {"type": "json_object"}}, "json_object", True),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": schema},
+                }
+            },
+            "json_schema",
+            json.dumps(schema),
+        ),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),
+    ]
+    for extra, kind, value in forms:
+        (request,) = chat_plan(chat(**extra), "r", "m").requests
+        assert request.output_format.WhichOneof("format") == kind
+        if kind is not None:
+            assert getattr(request.output_format, kind) == value
+    (request,) = completion_plan(
+        CompletionRequest(prompt="p", structured_outputs={"choice": ["x", "y"]}), "r", "m"
+    ).requests
+    assert list(request.output_format.choice.choices) == ["x", "y"]
 
 
 def test_an_image_is_refused_by_its_place() -> None:

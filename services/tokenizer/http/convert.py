@@ -4,6 +4,7 @@ refused here, naming the field; unknown fields were refused by the schema alread
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
@@ -188,13 +189,38 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
         request.stop.extend([stop] if isinstance(stop, str) else stop)
     if body.stop_token_ids:
         request.stop_token_ids.extend(body.stop_token_ids)
+    _add_output_format(request.output_format, body)
     return request
 
 
-def _refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
-    fmt = body.response_format
+def _add_output_format(out: pb.OutputFormat, body: _Sampling) -> None:
+    """response_format (OpenAI's) or structured_outputs (vLLM's) as the gRPC API's one format."""
+    fmt, extra = body.response_format, body.structured_outputs
     if fmt is not None and fmt.type != "text":
-        raise InvalidRequest("response_format", f"{fmt.type!r} is not supported yet: only text")
+        if extra is not None:
+            raise InvalidRequest("structured_outputs", "give it or response_format, not both")
+        if fmt.type == "json_object":
+            out.json_object = True
+        else:
+            schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+            if schema is None:
+                raise InvalidRequest("response_format.json_schema", "needs a schema")
+            out.json_schema = json.dumps(schema)
+    if extra is None:
+        return
+    for name in ("json", "grammar", "json_object", "structural_tag"):
+        if getattr(extra, name if name != "json" else "json_") is not None:
+            hint = ": JSON goes in response_format" if name.startswith("json") else ""
+            raise InvalidRequest(f"structured_outputs.{name}", f"is not supported{hint}")
+    if (extra.regex is None) == (extra.choice is None):
+        raise InvalidRequest("structured_outputs", "give one of regex or choice")
+    if extra.regex is not None:
+        out.regex = extra.regex
+    else:
+        out.choice.choices.extend(extra.choice or ())
+
+
+def _refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
     if body.tools:
         raise InvalidRequest("tools", "tool calling is not supported yet")
     if body.functions:

@@ -29,9 +29,29 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool | None = None  # vLLM's: every chunk carries the usage so far
 
 
-class ResponseFormat(BaseModel):
-    type: str  # only "text" is supported
-    json_schema: dict[str, Any] | None = None
+class JsonSchema(BaseModel):
+    name: str | None = None  # OpenAI requires it; tandem only documents it
+    description: str | None = None
+    # The output is held to the schema whatever `strict` says (guided decoding).
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None  # with type json_schema
+
+
+class StructuredOutputs(_Request):
+    """vLLM's extension for forms OpenAI has no field for; one of them."""
+
+    regex: str | None = None
+    choice: list[str] | None = None
+    # vLLM's other forms, refused by name in convert.py (JSON: use response_format).
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
 
 
 class ContentPart(BaseModel):
@@ -72,6 +92,8 @@ class _Sampling(_Request):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     best_of: Int32 | None = None  # refused above 1
+    response_format: ResponseFormat | None = None  # text, json_object or json_schema
+    structured_outputs: StructuredOutputs | None = None  # vLLM's: a regex or a choice
 
 
 class ChatCompletionRequest(_Sampling):
@@ -80,7 +102,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: ResponseFormat | None = None  # refused unless {"type": "text"}
     tools: list[dict[str, Any]] | None = None  # refused when not empty
     tool_choice: str | dict[str, Any] | None = None  # refused unless "none"
     parallel_tool_calls: bool | None = None
