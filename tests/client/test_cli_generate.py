@@ -15,6 +15,7 @@ import pytest
 from fake_server import TRACE_ID, FakeServer, Script, stream
 
 from services import cli_generate
+from services.client_types import InvalidOption
 from tandem.v1 import generation_pb2 as pb
 
 PIECES = [("Paris", [42]), (" is", [7]), (".", [3])]
@@ -230,3 +231,42 @@ async def test_generate_error_mid_stream_ends_the_line_first(
     out, err = capsys.readouterr()
     assert out == "Paris\n"
     assert err == "tandem generate: error: UNAVAILABLE: worker died\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "value"),
+    [
+        (["--json-object"], "json_object", True),
+        (["--regex", "[0-9]+"], "regex", "[0-9]+"),
+        (["--choice", "yes", "--choice", "no"], "choice", ["yes", "no"]),
+    ],
+)
+async def test_generate_sends_an_output_format(
+    fake: FakeServer, flags: list[str], kind: str, value: object
+) -> None:
+    fake.servicer.script = lambda _: Script(stream(PIECES))
+    assert await tandem("generate", "--server", fake.address, "--prompt", "Hi", *flags) == 0
+    (request,) = fake.servicer.requests
+    assert request.output_format.WhichOneof("format") == kind
+    got = getattr(request.output_format, kind)
+    assert (list(got.choices) if kind == "choice" else got) == value
+
+
+async def test_generate_reads_a_json_schema_file(
+    fake: FakeServer, tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.servicer.script = lambda _: Script(stream(PIECES))
+    schema = tmp_path / "schema.json"  # type: ignore[operator]
+    schema.write_text('{"type": "integer"}')
+    assert (
+        await tandem(
+            "generate", "--server", fake.address, "--prompt", "Hi", "--json-schema", str(schema)
+        )
+        == 0
+    )
+    assert fake.servicer.requests[0].output_format.json_schema == '{"type": "integer"}'
+    missing = str(schema) + ".missing"
+    with pytest.raises(InvalidOption, match=f"--json-schema: cannot read {missing}: No such file"):
+        await tandem(
+            "generate", "--server", fake.address, "--prompt", "Hi", "--json-schema", missing
+        )
