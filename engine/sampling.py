@@ -84,9 +84,12 @@ class Sampler:
         logits = self._apply_bias(logits, raw, params, positions, prompt_lens)
         if allowed is not None:
             held, tokens = allowed
-            index = to_device(held, device)
-            kept = logits.index_select(0, index).masked_fill(~tokens, float("-inf"))
-            logits = logits.index_copy(0, index, kept)  # a new tensor: raw stays the model's
+            if len(held) == logits.shape[0]:  # every row: no rows to pick out
+                logits = logits.masked_fill(~tokens, float("-inf"))  # new: raw stays the model's
+            else:
+                index = to_device(held, device)
+                kept = logits.index_select(0, index).masked_fill(~tokens, float("-inf"))
+                logits = logits.index_copy(0, index, kept)
         chosen = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
