@@ -11,6 +11,7 @@ claim for batched streams, in fp32).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,6 +278,37 @@ def test_a_repeated_prompt_hits_the_prefix_cache(served: Pipeline) -> None:
     block = 16
     assert second.usage.cached_prompt_tokens == (len(second.prompt_ids) - 1) // block * block
     assert after.prefix_cache_hits - before.prefix_cache_hits == second.usage.cached_prompt_tokens
+
+
+def test_a_preempted_sequence_keeps_to_its_output_format(tmp_path: Path) -> None:
+    """One sequence slot: a request held to a regex is preempted part-way by a higher-priority
+    one, resumed (the worker follows its grammar again from what it had written), and its whole
+    text still matches."""
+    numbers = r"( [0-9]{1,3}){40}"
+    with pipeline(tmp_path, "--max-num-seqs", "1") as served:
+
+        async def scenario():  # type: ignore[no-untyped-def]
+            part_way = asyncio.Event()
+
+            def on_reply(s: Streamed) -> None:
+                if len(s.token_ids) >= 10:
+                    part_way.set()
+
+            # Long enough that its resumption finds whole blocks of it in the prefix cache and
+            # starts after them: the worker must be given the tokens before.
+            prompt = "Here is a list of numbers, one after another, counting up from one to forty:"
+            held = greedy(text=prompt * 2, max_tokens=400, output_format={"regex": numbers})
+            low = asyncio.create_task(stream(served.address, held, on_reply=on_reply))
+            await part_way.wait()
+            high = await stream(served.address, greedy(text="Hi", max_tokens=4, priority=10))
+            done = await low
+            stats = await stats_when(served.scheduler_address, idle, "the two requests")
+            return high, done, stats
+
+        high, done, stats = run(scenario())
+    assert stats.preemptions == 1 and high.finish_reason == "length"
+    assert done.finish_reason == "stop" and re.fullmatch(numbers, done.text), done.text
+    assert stats.kv_blocks_used == 0
 
 
 def test_priority_and_backpressure(tmp_path: Path) -> None:
