@@ -7,6 +7,7 @@ server stopped within the service's grace, then the service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import atexit
 import dataclasses
 import gc
@@ -254,26 +255,47 @@ async def run_service(
         tls=service.tls,
     )
     log.info("%s on port %d", role, server.port)
+    code = 0
     try:
-        await service.start()
+        started = await _start_unless_stopped(service, stop)
     except CannotStart as err:
         log.error("%s cannot start: %s", role, err)
-        await server.stop(grace=0)
-        await service.stop()
-        code = 2
-    else:
+        started, code = False, 2
+    if started:
         freeze_start_up(role)
         await server.set_serving(True)
         await stop.wait()
         log.info("%s stopping", role)
         await server.set_serving(False)
         await asyncio.gather(server.stop(grace=service.grace_s), service.drain())
-        await service.stop()
-        code = 0
+    else:
+        if code == 0:
+            log.info("%s stopped while it attached to its peers", role)
+        await server.stop(grace=0)
+    await service.stop()
     if metrics is not None:
         metrics.stop()
     await asyncio.to_thread(tracing.shutdown)
     return code
+
+
+async def _start_unless_stopped(service: Service, stop: asyncio.Event) -> bool:
+    """service.start(), unless a stop signal comes first (False): attaching to peers may wait
+    for one still loading (a scheduler for its worker), and under compose a stop must not wait
+    for that."""
+    starting = asyncio.ensure_future(service.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if starting.done():
+        starting.result()  # CannotStart, or what else went wrong, is raised here
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
 
 
 def main(

@@ -113,3 +113,49 @@ def test_a_stop_signal_while_the_service_is_built_ends_the_process_at_once(
         child.kill()
     assert child.returncode == 0, err.decode()
     assert b"Traceback" not in err
+
+
+BLOCKED_START = """
+import asyncio, sys
+from prometheus_client import CollectorRegistry
+from services.process import Service, run, run_service, setup_logging
+from services.telemetry.config import TelemetryConfig, TracingSettings
+
+setup_logging("test")
+
+async def attach():
+    print("attaching", flush=True)
+    await asyncio.Event().wait()  # a peer that never comes (a worker still loading)
+
+async def stop():
+    print("stopped", flush=True)
+
+async def build(tracing):
+    return Service(lambda s: None, [], CollectorRegistry(), start=attach, stop=stop)
+
+telemetry = TelemetryConfig(service_name="t", tracing=TracingSettings(trace_sampler="always_off"))
+raise SystemExit(run(lambda: run_service("test", "127.0.0.1:0", telemetry, build)))
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_service_attaches_to_its_peers_stops_it(
+    signal_name: str,
+) -> None:
+    """A scheduler waiting for a worker that still loads took Docker's stop timeout to stop:
+    the signal was seen only once it had attached."""
+    import signal
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_START], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"attaching\n"
+    child.send_signal(getattr(signal, signal_name))
+    try:
+        out, err = child.communicate(timeout=120)  # without it: never
+    finally:
+        child.kill()
+    assert child.returncode == 0, err.decode()
+    assert out == b"stopped\n"  # what start made is cleaned up as at any stop
+    assert b"stopped while it attached to its peers" in err
