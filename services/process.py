@@ -7,8 +7,8 @@ server stopped within the service's grace, then the service.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import atexit
+import contextlib
 import dataclasses
 import gc
 import logging
