@@ -175,6 +175,7 @@ def test_chat_converts_to_the_grpc_request() -> None:
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"seed": -1}, "seed"),
+        ({"temperature": 1e308}, "temperature"),
         ({"logit_bias": {"9999999999": 1}}, "logit_bias"),
         ({"modalities": ["audio"]}, "modalities"),
     ],
@@ -183,6 +184,7 @@ def test_unsupported_chat_parameters_are_refused_by_name(extra: dict, field: str
     with pytest.raises(InvalidRequest) as err:
         chat_plan(chat(**extra), "r", "m")
     assert err.value.field == field
+    assert "inf" not in str(err.value)  # the value the client sent, not float32's
 
 
 def test_output_formats_become_the_grpc_apis_one_format() -> None:

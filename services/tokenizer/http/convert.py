@@ -19,6 +19,7 @@ from services.tokenizer.http.schemas import (
 )
 from tandem.v1 import generation_pb2 as pb
 
+_FLOAT32_MAX = 3.4028234663852886e38
 MAX_PROMPTS = 64  # prompts of one completions request
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
 
@@ -174,6 +175,8 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
     ):
         value = getattr(body, name)
         if value is not None:
+            if abs(value) > _FLOAT32_MAX:  # the gRPC API's float would make it inf
+                raise InvalidRequest(name, f"must be a finite number, got {value!r}")
             setattr(s, name, value)
     if body.seed is not None:
         if not 0 <= body.seed < 2**63:
