@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import openai
 
@@ -112,9 +111,12 @@ async def workload(
     gate = asyncio.Semaphore(args.concurrency)
     # A connection per request: llama.cpp's server closes a kept-alive connection after a few
     # requests, and a request sent on it as it closes fails ("Server disconnected").
-    http = openai.DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
     async with openai.AsyncOpenAI(
-        base_url=url, api_key="-", max_retries=0, timeout=600, http_client=http
+        base_url=url,
+        api_key="-",
+        max_retries=0,
+        timeout=600,
+        default_headers={"Connection": "close"},
     ) as client:
 
         async def gated(prompt: str) -> dict[str, Any]:

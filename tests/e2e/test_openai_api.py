@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import grpc
 import httpx
+import jsonschema
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -169,7 +170,7 @@ def test_errors_surface_as_the_sdks_exceptions(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         sdk.chat.completions.create(model="gpt-4o", messages=CHAT)
     for name, value, param in (
-        ("tools", [{"type": "function", "function": {"name": "f"}}], "tools"),
+        ("tools", [{"type": "function", "function": {"name": "f"}}], "tool_choice"),  # auto
         (
             "response_format",
             {"type": "json_schema", "json_schema": {"name": "x"}},
@@ -406,6 +407,111 @@ def test_grpc_output_format_and_its_errors(grpc_client: Client) -> None:
         )
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.message.startswith("output_format.json_schema: is not JSON")
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_named_function_and_required_tools_answer_with_tool_calls(sdk: openai.OpenAI) -> None:
+    named = sdk.chat.completions.create(
+        model="",
+        messages=ASK,
+        tools=[TIME, WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=40,
+    )
+    (choice,) = named.choices
+    assert choice.finish_reason == "stop" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    required = sdk.chat.completions.create(
+        model="", messages=ASK, tools=[TIME, WEATHER], tool_choice="required", max_tokens=80,
+        temperature=0,
+    )  # fmt: skip
+    (choice,) = required.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in (TIME, WEATHER)}
+    for call in choice.message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name])
+
+
+def test_tool_calls_stream_whole_and_a_tool_result_is_a_turn(sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
+        model="", messages=ASK, tools=[WEATHER], max_tokens=40, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    calls = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    (call,) = calls
+    assert call.index == 0 and call.function is not None and call.function.name == "get_weather"
+    arguments = call.function.arguments or ""
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    said = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+    follow_up = sdk.chat.completions.create(
+        model="",
+        messages=[
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [said]},
+            {"role": "tool", "tool_call_id": call.id or "", "content": "Sunny, 21 degrees."},
+        ],
+        max_tokens=24,
+        temperature=0,
+    )
+    assert follow_up.choices[0].message.content and not follow_up.choices[0].message.tool_calls
+
+
+def test_tool_errors_name_their_parameter(sdk: openai.OpenAI) -> None:
+    bad_schema = {"type": "function", "function": {"name": "f", "parameters": {"type": "colour"}}}
+    function_f = {"name": "f"}
+    cases = [
+        ({"tools": [WEATHER]}, "tool_choice"),  # "auto", OpenAI's default
+        ({"tools": [WEATHER, bad_schema], "tool_choice": "required"}, "tools"),
+        (
+            {
+                "tools": [WEATHER, bad_schema],
+                "tool_choice": {"type": "function", "function": function_f},
+            },
+            "tools[1].function.parameters",
+        ),
+    ]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.chat.completions.create(model="", messages=ASK, max_tokens=4, **extra)
+        assert err.value.body["param"] == param, err.value.body  # type: ignore[index]
 
 
 def test_without_a_key_the_server_says_it_is_open(served: Pipeline) -> None:

@@ -134,6 +134,58 @@ def test_api_keys() -> None:
     assert ApiKeys([]).allows(None) and not ApiKeys([]).required
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "clock"}}
+
+
+def test_tool_choice_holds_the_output_to_the_calls_json() -> None:
+    named = chat(
+        tools=[CLOCK, WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}}
+    )
+    plan = chat_plan(named, "r", "m")
+    (request,) = plan.requests
+    assert plan.calls is not None and plan.calls.function == "weather"
+    assert json.loads(request.output_format.json_schema) == WEATHER["function"]["parameters"]  # type: ignore[index]
+    assert plan.format_param == "tools[1].function.parameters"
+    plan = chat_plan(chat(tools=[CLOCK, WEATHER], tool_choice="required"), "r", "m")
+    schema = json.loads(plan.requests[0].output_format.json_schema)
+    assert plan.calls is not None and plan.calls.function is None and plan.format_param == "tools"
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    names = [item["properties"]["name"]["const"] for item in schema["items"]["anyOf"]]
+    assert names == ["clock", "weather"]
+    none = chat_plan(chat(tools=[WEATHER], tool_choice="none"), "r", "m")
+    assert none.calls is None and none.requests[0].output_format.WhichOneof("format") is None
+
+
+def test_an_assistants_tool_calls_become_its_text() -> None:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+    }
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    body = ChatCompletionRequest.model_validate({"messages": messages})
+    (request,) = chat_plan(body, "r", "m").requests
+    turns = [(m.role, m.content) for m in request.chat.messages]
+    assert turns[1] == ("assistant", '[{"name": "weather", "parameters": {"city": "Oslo"}}]')
+    assert turns[2] == ("tool", "sunny")
+    call["function"]["arguments"] = "{oops"  # type: ignore[index]
+    with pytest.raises(InvalidRequest) as err:
+        chat_plan(ChatCompletionRequest.model_validate({"messages": messages}), "r", "m")
+    assert err.value.field == "messages[1].tool_calls[0].function.arguments"
+
+
 def chat(**kw: object) -> ChatCompletionRequest:
     messages = [{"role": "user", "content": "x"}]
     return ChatCompletionRequest.model_validate({"messages": messages, **kw})
@@ -160,8 +212,23 @@ def test_chat_converts_to_the_grpc_request() -> None:
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER]}, "tool_choice"),  # OpenAI's default "auto"
+        ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice.function.name",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "tool_choice",
+        ),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
         ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar"),

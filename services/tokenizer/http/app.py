@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidRequest
 from services.client_types import MAX_MESSAGE_BYTES
 from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailable
 from services.tokenizer.admission import Admission
@@ -173,8 +173,11 @@ def create_app(
         generations = Generations(a, specs, request.headers.items(), route)
         try:
             out.on_prompts(await until_disconnected(request, generations.start()))
-        except BaseException:
+        except BaseException as err:
             await generations.aclose()
+            held = isinstance(err, InvalidRequest) and err.field == "output_format.json_schema"
+            if held and plan.format_param:  # a tool's schema, not response_format's
+                raise InvalidRequest(plan.format_param, str(err).split(": ", 1)[1]) from None
             raise
         if plan.stream:
             events = stream(generations, out)

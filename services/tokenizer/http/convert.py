@@ -4,8 +4,10 @@ refused here, naming the field; unknown fields were refused by the schema alread
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from engine.errors import InvalidRequest
 from services.errors import NotFound
@@ -15,6 +17,7 @@ from services.tokenizer.http.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    Tool,
     _Sampling,
 )
 from tandem.v1 import generation_pb2 as pb
@@ -35,6 +38,19 @@ class Plan:
     continuous_usage: bool  # the usage so far in every chunk (vLLM's continuous_usage_stats)
     top_logprobs: int | None  # alternatives per token to return; None: no logprobs
     chat: bool  # answered as chat completions, or else as (text) completions
+    calls: Calls | None = None  # the output is tool calls, held to their schema
+    # The parameter an error in the output format names, where it did not come from
+    # response_format (a tool's parameters).
+    format_param: str | None = None
+
+
+@dataclass(frozen=True)
+class Calls:
+    """How a held output becomes tool calls: `function` named by tool_choice, the output being
+    its arguments; or None (tool_choice "required"), the output a JSON list of
+    {"name", "parameters"} objects."""
+
+    function: str | None
 
 
 def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -46,7 +62,58 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
         request.max_tokens = max_tokens
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
-    return _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
+    plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
+    calls, param = _tool_calls(body, request.output_format)
+    return dataclasses.replace(plan, calls=calls, format_param=param)
+
+
+def _tool_calls(
+    body: ChatCompletionRequest, out: pb.OutputFormat
+) -> tuple[Calls | None, str | None]:
+    """tools and tool_choice as an output format: the calls' JSON, held to their schemas."""
+    tools = body.tools or []
+    choice = body.tool_choice or ("auto" if tools else "none")
+    if choice == "none":
+        return None, None
+    if not tools:
+        raise InvalidRequest("tool_choice", "needs tools")
+    if choice == "auto":
+        raise InvalidRequest(
+            "tool_choice",
+            '"auto" needs a parser of the model\'s own tool-call format, which tandem does not '
+            'have yet: give "required", a named function, or "none"',
+        )
+    if out.WhichOneof("format") is not None:
+        raise InvalidRequest("tool_choice", "cannot be given with response_format")
+    names = [t.function.name for t in tools]
+    if len(set(names)) < len(names):
+        raise InvalidRequest("tools", "two tools have the same name")
+
+    def arguments(tool: Tool) -> dict[str, Any]:
+        return tool.function.parameters or {"type": "object", "properties": {}}
+
+    if choice == "required":
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "parameters": arguments(t)},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        out.json_schema = json.dumps(schema)
+        return Calls(None), "tools"
+    assert not isinstance(choice, str)
+    name = choice.function.name
+    if name not in names:
+        raise InvalidRequest(
+            "tool_choice.function.name", f"{name!r} is none of the tools ({', '.join(names)})"
+        )
+    i = names.index(name)
+    out.json_schema = json.dumps(arguments(tools[i]))
+    return Calls(name), f"tools[{i}].function.parameters"
 
 
 def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -95,10 +162,22 @@ def detokenize_request(
 
 
 def _add_messages(chat: pb.ChatMessages, messages: list[ChatMessage]) -> None:
-    """Text messages into the gRPC API's chat; tool calls and what is not text are refused."""
+    """Text messages into the gRPC API's chat; what is not text is refused. An assistant's tool
+    calls become its text, in the form tool_choice "required" holds a reply to."""
     for i, message in enumerate(messages):
         if message.tool_calls:
-            raise InvalidRequest(f"messages[{i}].tool_calls", "tool calls are not supported yet")
+            calls = []
+            for j, call in enumerate(message.tool_calls):
+                try:
+                    parameters = json.loads(call.function.arguments)
+                except json.JSONDecodeError as err:
+                    field = f"messages[{i}].tool_calls[{j}].function.arguments"
+                    raise InvalidRequest(field, f"is not JSON: {err}") from None
+                calls.append({"name": call.function.name, "parameters": parameters})
+            text = json.dumps(calls, ensure_ascii=False)
+            said = f"{message.content}\n{text}" if isinstance(message.content, str) else text
+            chat.messages.add(role="assistant", content=said)
+            continue
         content = message.content
         if isinstance(content, list):
             texts = []
@@ -224,14 +303,10 @@ def _add_output_format(out: pb.OutputFormat, body: _Sampling) -> None:
 
 
 def _refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
-    if body.tools:
-        raise InvalidRequest("tools", "tool calling is not supported yet")
     if body.functions:
-        raise InvalidRequest("functions", "function calling is not supported yet")
-    for name in ("tool_choice", "function_call"):
-        value = getattr(body, name)
-        if value is not None and value not in ("none", "auto"):
-            raise InvalidRequest(name, "tool calling is not supported yet")
+        raise InvalidRequest("functions", "is not supported (OpenAI's older form): give tools")
+    if body.function_call is not None and body.function_call != "none":
+        raise InvalidRequest("function_call", "is not supported (OpenAI's older form): give tools")
     if body.modalities is not None and body.modalities != ["text"]:
         raise InvalidRequest("modalities", "only text is supported")
     for name in ("audio", "prediction", "reasoning_effort"):

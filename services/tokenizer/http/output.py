@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,17 +96,30 @@ class Output:
             return []
         out = []
         body: dict[str, Any] = {"index": index}
+        finish = msg.finish_reason or None
         if self.chat:
             choice = self.choices[index]
             if not choice.started:  # as OpenAI: the role first, with the first output
                 choice.started = True
-                delta = {"role": "assistant", "content": ""}
+                delta = {"role": "assistant", "content": None if self.plan.calls else ""}
                 out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
             body["delta"] = {"content": msg.text} if msg.text else {}
+            if self.plan.calls is not None:
+                # The calls are sent whole, once their JSON is: held until the end.
+                choice.text.append(msg.text)
+                body["delta"] = {}
+                if finish:
+                    message, finish = self._message("".join(choice.text), finish)
+                    body["delta"] = {k: v for k, v in message.items() if k != "role"}
+                    if "tool_calls" in body["delta"]:
+                        calls = body["delta"]["tool_calls"]
+                        body["delta"]["tool_calls"] = [
+                            {"index": i, **c} for i, c in enumerate(calls)
+                        ]
         else:
             body["text"] = msg.text
         body["logprobs"] = self._logprobs(msg.logprobs)
-        body["finish_reason"] = msg.finish_reason or None
+        body["finish_reason"] = finish
         out.append(self._chunk([body]))
         return out
 
@@ -129,13 +143,38 @@ class Output:
         choices = []
         for i, c in sorted(self.choices.items()):
             text = "".join(c.text)
-            message = {"role": "assistant", "content": text}
-            content = {"message": message} if self.chat else {"text": text}
+            finish = c.finish_reason
+            if self.chat:
+                message, finish = self._message(text, finish or "")
+                content: dict[str, Any] = {"message": message}
+            else:
+                content = {"text": text}
             logprobs = self._logprobs(c.logprobs)
-            choices.append(
-                {"index": i, **content, "logprobs": logprobs, "finish_reason": c.finish_reason}
-            )
+            choices.append({"index": i, **content, "logprobs": logprobs, "finish_reason": finish})
         return {**self._body(self.object, choices), "usage": self.usage()}
+
+    def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        """A chat reply's message and finish reason: with tool calls asked for, a text that
+        ended by itself is the calls (held to their JSON); one cut short stays text."""
+        calls = self.plan.calls
+        if calls is None or finish != "stop":
+            return {"role": "assistant", "content": text}, finish
+        if calls.function is not None:
+            named = [{"name": calls.function, "arguments": text}]
+            # OpenAI ends a call that tool_choice named with "stop".
+            return {"role": "assistant", "content": None, "tool_calls": _tool_calls(named)}, finish
+        try:
+            listed = [
+                {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}
+                for c in json.loads(text)
+            ]
+        except (ValueError, TypeError, KeyError):  # a stop string cut it: it stays text
+            return {"role": "assistant", "content": text}, finish
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": _tool_calls(listed),
+        }, "tool_calls"
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
@@ -164,3 +203,10 @@ class Output:
             ],
             "text_offset": list(itertools.accumulate(map(len, texts), initial=0))[:-1],
         }
+
+
+def _tool_calls(functions: list[dict[str, str]]) -> list[dict[str, Any]]:
+    return [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": f}
+        for f in functions
+    ]
