@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -88,3 +90,43 @@ def chat_messages(args: argparse.Namespace) -> list[dict[str, str]]:
         )
     messages = [{"role": "system", "content": args.system}] if args.system else []
     return [*messages, {"role": "user", "content": args.prompt}]
+
+
+def add_format_args(parser: argparse.ArgumentParser) -> None:
+    form = parser.add_argument_group(
+        "output format",
+        "hold the reply to a form (guided decoding); it ends once the form is complete",
+    )
+    forms = form.add_mutually_exclusive_group()
+    forms.add_argument("--json-object", action="store_true", help="any JSON object")
+    forms.add_argument(
+        "--json-schema", metavar="FILE", help="a JSON value this JSON Schema accepts (- : stdin)"
+    )
+    forms.add_argument("--regex", help="text the regex matches whole")
+    forms.add_argument(
+        "--choice", action="append", metavar="TEXT", help="one of these texts (repeat the flag)"
+    )
+
+
+def format_from_args(args: argparse.Namespace) -> tuple[str, Any] | None:
+    """(kind, value) of the format flags: json_object True, json_schema the file's text, regex
+    the pattern, choice the texts; None without one. InvalidOption for a file it cannot read."""
+    from services.client_types import InvalidOption
+
+    if args.json_object:
+        return "json_object", True
+    if args.json_schema is not None:
+        try:
+            text = (
+                sys.stdin.read() if args.json_schema == "-" else Path(args.json_schema).read_text()
+            )
+        except OSError as err:
+            raise InvalidOption(
+                f"--json-schema: cannot read {args.json_schema}: {err.strerror}"
+            ) from None
+        return "json_schema", text  # what is wrong with it is said where it is compiled
+    if args.regex is not None:
+        return "regex", args.regex
+    if args.choice:
+        return "choice", args.choice
+    return None

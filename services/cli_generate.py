@@ -7,10 +7,16 @@ import json
 import os
 import sys
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
+from services.cli_args import (
+    add_format_args,
+    add_prompt_args,
+    add_sampling_args,
+    chat_messages,
+    format_from_args,
+    sampling_from_args,
+)
 
 if TYPE_CHECKING:
     from services.client_sync import Client
@@ -35,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_server_args(gen)
     add_prompt_args(gen)
     add_sampling_args(gen, max_tokens=None)
-    _add_format_args(gen)
+    add_format_args(gen)
     gen.set_defaults(func=_generate, user_errors=_user_errors())
 
     chat = sub.add_parser(
@@ -50,42 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     chat.set_defaults(func=_chat, user_errors=_user_errors())
 
 
-def _add_format_args(parser: argparse.ArgumentParser) -> None:
-    form = parser.add_argument_group(
-        "output format",
-        "hold the reply to a form (guided decoding); it ends once the form is complete",
-    )
-    forms = form.add_mutually_exclusive_group()
-    forms.add_argument("--json-object", action="store_true", help="any JSON object")
-    forms.add_argument(
-        "--json-schema", metavar="FILE", help="a JSON value this JSON Schema accepts (- : stdin)"
-    )
-    forms.add_argument("--regex", help="text the regex matches whole")
-    forms.add_argument(
-        "--choice", action="append", metavar="TEXT", help="one of these texts (repeat the flag)"
-    )
-
-
 def _output_format(args: argparse.Namespace) -> dict[str, Any] | None:
-    from services.client_types import InvalidOption
-
-    if args.json_object:
-        return {"json_object": True}
-    if args.json_schema is not None:
-        try:
-            text = (
-                sys.stdin.read() if args.json_schema == "-" else Path(args.json_schema).read_text()
-            )
-        except OSError as err:
-            raise InvalidOption(
-                f"--json-schema: cannot read {args.json_schema}: {err.strerror}"
-            ) from None
-        return {"json_schema": text}  # the server says what is wrong with it
-    if args.regex is not None:
-        return {"regex": args.regex}
-    if args.choice:
-        return {"choice": {"choices": args.choice}}
-    return None
+    """The format flags as the request's OutputFormat (a dict of it)."""
+    form = format_from_args(args)
+    if form is None:
+        return None
+    kind, value = form
+    return {"choice": {"choices": value}} if kind == "choice" else {kind: value}
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

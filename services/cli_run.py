@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 from engine import registry
 from engine.errors import EngineError
 from engine.tokenizer import Tokenizer
-from services.cli_args import add_prompt_args, add_sampling_args, chat_messages, sampling_from_args
+from services.cli_args import (
+    add_format_args,
+    add_prompt_args,
+    add_sampling_args,
+    chat_messages,
+    format_from_args,
+    sampling_from_args,
+)
 from services.settings import add_flags, build
 from services.worker.config import EngineSettings
 
@@ -31,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_model_args(run)
     add_prompt_args(run)
     add_sampling_args(run)
+    add_format_args(run)
     add_flags(run.add_argument_group("engine"), EngineSettings, os.environ)
     run.set_defaults(func=_run, user_errors=(EngineError,))
 
@@ -97,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.encode_prompt(args.prompt, allow_special=True, field="--prompt")
     else:
         prompt_ids = args.prompt_ids
+    sampling = _held(args, sampling, tokenizer)
     ranks = e.tensor_parallel_size
     if ranks > 1 and e.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads() // ranks))  # the cores, shared
@@ -105,6 +114,31 @@ def _run(args: argparse.Namespace) -> int:
         return _generate(args, engine, tokenizer, prompt_ids, sampling)
     finally:
         engine.close()
+
+
+def _held(
+    args: argparse.Namespace, sampling: SamplingParams, tokenizer: Tokenizer
+) -> SamplingParams:
+    """`sampling` with the grammar of the format flags, compiled as the server's edge does."""
+    import dataclasses
+
+    from engine.errors import InvalidRequest
+    from engine.guided import OutputFormat, compile_format, grammar_tokenizer
+
+    form = format_from_args(args)
+    if form is None:
+        return sampling
+    kind, value = form
+    field = f"--{kind.replace('_', '-')}"
+    if args.ignore_eos:
+        raise InvalidRequest("--ignore-eos", f"cannot be used with {field}")
+    if kind == "choice":
+        value = tuple(value)
+    elif kind == "json_object":
+        value = ""
+    fmt = OutputFormat(kind, value, field)  # type: ignore[arg-type]
+    grammar = compile_format(fmt, grammar_tokenizer(tokenizer, tokenizer.vocab_size))
+    return dataclasses.replace(sampling, grammar=grammar)
 
 
 def _generate(

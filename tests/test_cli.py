@@ -66,6 +66,29 @@ def test_run_chat_stops_at_end_of_turn(
     assert "<|im_end|>" not in result["text"]
 
 
+@pytest.mark.slow
+def test_run_holds_its_reply_to_a_format(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path, tmp_path: Path
+) -> None:
+    model = ["run", "--model", str(default_gguf), "--chat", "--temperature", "0", "--json"]
+    code, out, _ = run_cli(
+        capsys, *model, "--prompt", "Is water wet?", "--choice", "yes", "--choice", "no"
+    )
+    result = json.loads(out)
+    assert code == 0 and result["text"] in ("yes", "no") and result["finish_reason"] == "stop"
+    schema = tmp_path / "answer.json"
+    properties = {"answer": {"type": "integer"}}
+    closed = {"properties": properties, "required": ["answer"], "additionalProperties": False}
+    schema.write_text(json.dumps({"type": "object", **closed}))
+    code, out, _ = run_cli(capsys, *model, "--prompt", "What is 2+2?", "--json-schema", str(schema))
+    answer = json.loads(json.loads(out)["text"])
+    assert code == 0 and set(answer) == {"answer"} and isinstance(answer["answer"], int)
+    code, _, err = run_cli(capsys, *model, "--prompt", "x", "--regex", "(")
+    assert code == 2 and "--regex: invalid regex" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, *model, "--prompt", "x", "--json-object", "--ignore-eos")
+    assert code == 2 and "--ignore-eos: cannot be used with --json-object" in err
+
+
 def test_tokenize_json(
     capsys: pytest.CaptureFixture[str], default_gguf: Path, llama3_tokenizer_model: Path
 ) -> None:
