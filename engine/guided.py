@@ -182,6 +182,10 @@ class Guides:
                     bits[r, t >> 5] |= np.uint32(1 << (t & 31))
         return masks
 
+    def warm(self) -> None:
+        """Read the vocabulary now rather than at the first grammar."""
+        _ = self.tokenizer
+
     def release(self, seq_id: Any) -> None:
         self._follows.pop(seq_id, None)
 

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +65,7 @@ async def serve(config: WorkerConfig) -> int:
                 kv_tokens,
                 context,
             )
+        _read_vocabulary(engine)
         reader = Reader()
         policy = ThreadPolicy(threads, os.cpu_count() or 1) if engine.device.type == "cpu" else None
         overlap = e.overlap_steps and engine.device.type == "cuda" and engine.followers is None
@@ -85,6 +87,23 @@ async def serve(config: WorkerConfig) -> int:
         )
 
     return await run_service("worker", config.address, config.telemetry, build)
+
+
+def _read_vocabulary(engine: Engine) -> None:
+    """The vocabulary grammars are followed with, read before serving: read at the first request
+    with an output format, it held every running sequence's next step for seconds."""
+    from engine.errors import EngineError
+
+    if engine.guides is None:
+        return
+    started = time.perf_counter()
+    try:
+        engine.guides.warm()
+    except EngineError as err:
+        engine.guides = None  # requests with an output format are refused, saying so
+        log.warning("no output formats: the model's tokenizer cannot be read (%s)", err)
+        return
+    log.info("vocabulary for output formats read in %.1f s", time.perf_counter() - started)
 
 
 def _exit_when_lost(engine: Engine) -> None:

@@ -37,3 +37,9 @@ def test_a_kv_cache_below_one_context_is_named_at_start() -> None:
     assert "the KV cache holds 512 tokens, less than one full context of 2048" in log
     assert "--kv-cache-mb sets its size" in log
     assert "KV cache holds" not in _start_log(64)
+
+
+@pytest.mark.slow
+def test_the_vocabulary_for_output_formats_is_read_before_serving() -> None:
+    log = _start_log(64)
+    assert log.index("vocabulary for output formats read in") < log.index("worker on port")
