@@ -93,25 +93,32 @@ raise SystemExit(run(lambda: run_service("test", "127.0.0.1:0", telemetry, build
 """
 
 
+def signalled(script: str, first_line: bytes, signal_name: str) -> tuple[int, bytes, bytes]:
+    """Run `script` in a child, send it `signal_name` once it printed `first_line`, and return
+    its exit code and what it wrote after."""
+    import signal
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == first_line
+    child.send_signal(getattr(signal, signal_name))
+    try:
+        out, err = child.communicate(timeout=120)  # without the handling: far longer
+    finally:
+        child.kill()
+    return child.returncode, out, err
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_a_stop_signal_while_the_service_is_built_ends_the_process_at_once(
     signal_name: str,
 ) -> None:
     """The loop sees no signal while a build holds it: the launcher killed a worker 10 s after
     Ctrl-C, and a worker started by hand ran its whole start-up first."""
-    import signal
-
-    child = subprocess.Popen(
-        [sys.executable, "-c", BLOCKED_BUILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline() == b"building\n"
-    child.send_signal(getattr(signal, signal_name))
-    try:
-        _, err = child.communicate(timeout=120)  # without the handler: the build's 600 s
-    finally:
-        child.kill()
-    assert child.returncode == 0, err.decode()
+    code, _, err = signalled(BLOCKED_BUILD, b"building\n", signal_name)
+    assert code == 0, err.decode()
     assert b"Traceback" not in err
 
 
@@ -144,18 +151,7 @@ def test_a_stop_signal_while_the_service_attaches_to_its_peers_stops_it(
 ) -> None:
     """A scheduler waiting for a worker that still loads took Docker's stop timeout to stop:
     the signal was seen only once it had attached."""
-    import signal
-
-    child = subprocess.Popen(
-        [sys.executable, "-c", BLOCKED_START], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline() == b"attaching\n"
-    child.send_signal(getattr(signal, signal_name))
-    try:
-        out, err = child.communicate(timeout=120)  # without it: never
-    finally:
-        child.kill()
-    assert child.returncode == 0, err.decode()
+    code, out, err = signalled(BLOCKED_START, b"attaching\n", signal_name)
+    assert code == 0, err.decode()
     assert out == b"stopped\n"  # what start made is cleaned up as at any stop
     assert b"stopped while it attached to its peers" in err
