@@ -102,12 +102,19 @@ class Tokenizer(ABC):
         )
 
     def encode_chat(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True, **extra: Any
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: list[Any] | None = None,
+        **extra: Any,
     ) -> list[int]:
         """The ids of the rendered chat, where only the template's own markup becomes control
         tokens: special-token text inside a message is encoded as the characters it is, as in
-        Meta's reference, so no message can close its turn or forge another role's."""
+        Meta's reference, so no message can close its turn or forge another role's. `tools`
+        (OpenAI's form) go to a template that renders them, their text kept text the same way."""
         marked = [self._mark_message(i, m) for i, m in enumerate(messages)]
+        if tools is not None:
+            extra["tools"] = self._mark_tree(tools, "tools")
         text = self.apply_chat_template(marked, add_generation_prompt, **extra)
         # Special tokens split text before BPE runs, so encoding the pieces between the
         # template's specials gives the ids of the whole text when no content held one.
@@ -129,15 +136,28 @@ class Tokenizer(ABC):
         texts = sorted((t for t in self._special_by_text if t), key=len, reverse=True)
         return re.compile("|".join(map(re.escape, texts)) or "(?!)")
 
+    def _mark_text(self, text: str, field: str) -> str:
+        """`text` with a mark inside each special-token text, which encode_chat takes out after
+        the template has matched its own markup."""
+        check_text(text, field)
+        return self._special_pattern.sub(lambda m: m[0][0] + _MARK + m[0][1:], text)
+
+    def _mark_tree(self, value: Any, field: str) -> Any:
+        """Every string in `value` (keys too) with its special-token text marked."""
+        if isinstance(value, str):
+            return self._mark_text(value, field)
+        if isinstance(value, dict):
+            return {self._mark_tree(k, field): self._mark_tree(v, field) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._mark_tree(v, field) for v in value]
+        return value
+
     def _mark_message(self, index: int, message: Message) -> Message:
         if not isinstance(message, dict):
             return message  # the template's validation names it
 
         def mark(text: Any, field: str) -> Any:
-            if not isinstance(text, str):
-                return text
-            check_text(text, field)
-            return self._special_pattern.sub(lambda m: m[0][0] + _MARK + m[0][1:], text)
+            return self._mark_text(text, field) if isinstance(text, str) else text
 
         out: Message = {}
         for key, value in message.items():

@@ -221,12 +221,14 @@ class Admission:
         *,
         allow_special: bool,
         field: str = "text",
+        tools: list[Any] | None = None,
     ) -> list[int]:
-        """The ids of `messages` through the chat template, or else of `text`."""
+        """The ids of `messages` (and `tools`) through the chat template, or else of `text`."""
         tok = self.tokenizer
         if messages is not None:
             size = sum(len(m["content"]) for m in messages)
-            return await off_the_loop_if_long(size, partial(tok.encode_chat, messages))
+            encode_chat = partial(tok.encode_chat, messages, tools=tools)
+            return await off_the_loop_if_long(size, encode_chat)
         encode = partial(tok.encode_prompt, text, allow_special=allow_special, field=field)
         return await off_the_loop_if_long(len(text), encode)
 
@@ -235,7 +237,11 @@ class Admission:
             return spec.prompt_ids
         allow_special = not spec.split_special_tokens
         ids = await self.encode(
-            spec.text or "", spec.messages, allow_special=allow_special, field="prompt.text"
+            spec.text or "",
+            spec.messages,
+            allow_special=allow_special,
+            field="prompt.text",
+            tools=spec.tools,
         )
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from engine.errors import InvalidRequest
 from engine.guided import OutputFormat
@@ -40,6 +42,7 @@ class GenerateSpec:
     split_special_tokens: bool = False
     n: int = 1  # sequences from the prompt, each its own scheduler request
     output_format: OutputFormat | None = None  # None: free text
+    tools: list[Any] | None = None  # for the chat template (OpenAI's form)
 
 
 def check_model(name: str, model_name: str) -> None:
@@ -89,7 +92,7 @@ def parse_generate(
     """Check every field that can be checked without tokenizing; raise InvalidRequest naming it."""
     check_model(req.model, model_name)
     kind = req.WhichOneof("prompt")
-    text = messages = prompt_ids = None
+    text = messages = prompt_ids = tools = None
     max_chars = max_seq_len * MAX_CHARS_PER_TOKEN
     if kind is None:
         raise InvalidRequest("prompt", "is empty: set text, chat or token_ids")
@@ -103,6 +106,7 @@ def parse_generate(
         text = req.text
     elif kind == "chat":
         messages = _messages(req.chat, max_chars)
+        tools = chat_tools(req.chat, max_chars)
     else:
         prompt_ids = list(req.token_ids.ids)
         if not prompt_ids:
@@ -159,7 +163,25 @@ def parse_generate(
         split_special_tokens=req.split_special_tokens,
         n=req.n or 1,
         output_format=_output_format(req),
+        tools=tools,
     )
+
+
+def chat_tools(chat: pb.ChatMessages, max_chars: int) -> list[Any] | None:
+    """The chat's tools as the template takes them; None without."""
+    if not chat.tools:
+        return None
+    if len(chat.tools) > max_chars:
+        raise InvalidRequest(
+            "prompt.chat.tools", f"{len(chat.tools)} characters cannot fit the context"
+        )
+    try:
+        tools = json.loads(chat.tools)
+    except json.JSONDecodeError as err:
+        raise InvalidRequest("prompt.chat.tools", f"is not JSON: {err}") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InvalidRequest("prompt.chat.tools", "must be a JSON list of objects")
+    return tools
 
 
 def _output_format(req: pb.GenerateRequest) -> OutputFormat | None:

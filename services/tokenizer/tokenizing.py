@@ -6,18 +6,19 @@ from __future__ import annotations
 from functools import partial
 
 from services.tokenizer.admission import Admission, off_the_loop_if_long
-from services.tokenizer.request import check_model
+from services.tokenizer.request import MAX_CHARS_PER_TOKEN, chat_tools, check_model
 from tandem.v1 import generation_pb2 as pb
 
 
 async def tokenize(admission: Admission, request: pb.TokenizeRequest) -> list[int]:
     """The ids a Generate request with this prompt would run: a chat through the template."""
     check_model(request.model, admission.model_name)
-    messages = None
+    messages = tools = None
     if request.WhichOneof("input") == "chat":
         messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        tools = chat_tools(request.chat, admission.max_seq_len * MAX_CHARS_PER_TOKEN)
     allow_special = not request.split_special_tokens
-    return await admission.encode(request.text, messages, allow_special=allow_special)
+    return await admission.encode(request.text, messages, allow_special=allow_special, tools=tools)
 
 
 async def detokenize(admission: Admission, request: pb.DetokenizeRequest) -> str:

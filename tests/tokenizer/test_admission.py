@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -182,3 +183,28 @@ async def test_a_long_text_is_tokenized_and_detokenized_off_the_event_loop(
     back = (await servicer.Detokenize(many, None)).text  # type: ignore[arg-type]
     assert waited == [True, True]
     assert len(ids) > 1000 and back == text * 2
+
+
+async def test_a_chats_tools_reach_the_chat_template(
+    tokenizer: Tokenizer, arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admission, _ = admission_for(tokenizer, HeldScheduler(), arena)
+    servicer = GenerationServicer(admission)
+    seen: list[object] = []
+    encode_chat = tokenizer.encode_chat
+
+    def watched(messages: object, *args: object, tools: object = None, **kwargs: object) -> object:
+        seen.append(tools)
+        return encode_chat(messages, *args, tools=tools, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tokenizer, "encode_chat", watched)
+    tools = [{"type": "function", "function": {"name": "clock"}}]
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")])
+    chat.tools = json.dumps(tools)
+    await servicer.Tokenize(pb.TokenizeRequest(chat=chat), None)  # type: ignore[arg-type]
+    chat.tools = ""
+    await servicer.Tokenize(pb.TokenizeRequest(chat=chat), None)  # type: ignore[arg-type]
+    assert seen == [tools, None]
+    chat.tools = '{"not": "a list"}'
+    with pytest.raises(InvalidRequest, match=r"prompt\.chat\.tools: must be a JSON list"):
+        await servicer.Tokenize(pb.TokenizeRequest(chat=chat), None)  # type: ignore[arg-type]

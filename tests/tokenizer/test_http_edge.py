@@ -154,6 +154,7 @@ def test_tool_choice_holds_the_output_to_the_calls_json() -> None:
     assert plan.calls is not None and plan.calls.function == "weather"
     assert json.loads(request.output_format.json_schema) == WEATHER["function"]["parameters"]  # type: ignore[index]
     assert plan.format_param == "tools[1].function.parameters"
+    assert [t["function"]["name"] for t in json.loads(request.chat.tools)] == ["clock", "weather"]
     plan = chat_plan(chat(tools=[CLOCK, WEATHER], tool_choice="required"), "r", "m")
     schema = json.loads(plan.requests[0].output_format.json_schema)
     assert plan.calls is not None and plan.calls.function is None and plan.format_param == "tools"
@@ -162,6 +163,7 @@ def test_tool_choice_holds_the_output_to_the_calls_json() -> None:
     assert names == ["clock", "weather"]
     none = chat_plan(chat(tools=[WEATHER], tool_choice="none"), "r", "m")
     assert none.calls is None and none.requests[0].output_format.WhichOneof("format") is None
+    assert none.requests[0].chat.tools == ""  # not shown: the model is not to call them
 
 
 def test_an_assistants_tool_calls_become_its_text() -> None:

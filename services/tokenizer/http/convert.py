@@ -63,12 +63,12 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
     plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
-    calls, param = _tool_calls(body, request.output_format)
+    calls, param = _tool_calls(body, request)
     return dataclasses.replace(plan, calls=calls, format_param=param)
 
 
 def _tool_calls(
-    body: ChatCompletionRequest, out: pb.OutputFormat
+    body: ChatCompletionRequest, request: pb.GenerateRequest
 ) -> tuple[Calls | None, str | None]:
     """tools and tool_choice as an output format: the calls' JSON, held to their schemas."""
     tools = body.tools or []
@@ -83,7 +83,7 @@ def _tool_calls(
             '"auto" needs a parser of the model\'s own tool-call format, which tandem does not '
             'have yet: give "required", a named function, or "none"',
         )
-    if out.WhichOneof("format") is not None:
+    if request.output_format.WhichOneof("format") is not None:
         raise InvalidRequest("tool_choice", "cannot be given with response_format")
     names = [t.function.name for t in tools]
     if len(set(names)) < len(names):
@@ -92,6 +92,9 @@ def _tool_calls(
     def arguments(tool: Tool) -> dict[str, Any]:
         return tool.function.parameters or {"type": "object", "properties": {}}
 
+    # A template that renders tools shows them to the model (the default model's has no place).
+    request.chat.tools = json.dumps([t.model_dump(exclude_none=True) for t in tools])
+    out = request.output_format
     if choice == "required":
         calls = [
             {
