@@ -32,6 +32,7 @@ async def serve(config: SchedulerProcessConfig) -> int:
                 config.worker,
                 config.transport == "shm",
                 channel_credentials(config.tls) if config.tls.secures(config.worker) else None,
+                config.policy.max_num_seqs,
             ),
             Routes(),
             lambda model: SchedulerConfig.for_worker(config.policy, model),

@@ -14,6 +14,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from engine.sampling_params import MAX_GRAMMAR_BYTES
 from shm.consumer import RingConsumer
 from shm.errors import PeerGone, ShmError
 from shm.producer import RingProducer
@@ -21,10 +22,16 @@ from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.internal.v1 import worker_pb2 as wpb
 from tandem.internal.v1 import worker_pb2_grpc
 
-STEP_RING_BYTES = 16 << 20
+STEP_RING_BYTES = 16 << 20  # the least: a record may take half of it
 # How long one attempt to attach waits for the worker before it is made again, on a new channel.
 ATTACH_WAIT_S = 30.0
 HOP_SAMPLES = 2048
+
+
+def step_ring_bytes(max_num_seqs: int) -> int:
+    """Room for a step that starts `max_num_seqs` sequences, each with a grammar of the largest
+    size, beside 4 MiB of the rest: a record takes at most half of a ring."""
+    return max(STEP_RING_BYTES, 2 * (max_num_seqs * MAX_GRAMMAR_BYTES + (4 << 20)))
 
 
 class WorkerGone(Exception):
@@ -57,8 +64,10 @@ class WorkerLink:
         address: str,
         shared_memory: bool = True,
         credentials: grpc.ChannelCredentials | None = None,  # TLS, to a worker on another host
+        max_num_seqs: int = 256,
     ) -> None:
         self.address = address
+        self.step_ring_bytes = step_ring_bytes(max_num_seqs)
         self.shared_memory = shared_memory
         self.credentials = credentials
         self.channel, self.stub = self._open_channel()
@@ -121,7 +130,7 @@ class WorkerLink:
                 self._sender = asyncio.create_task(self._send_calls())
             # Attach over either transport: the worker forgets the sequences of a scheduler
             # before.
-            self.steps = RingProducer.create(STEP_RING_BYTES) if self.shared_memory else None
+            self.steps = RingProducer.create(self.step_ring_bytes) if self.shared_memory else None
             request = wpb.WorkerAttachRequest(step_ring=self.steps.name if self.steps else "")
             reply = await self.stub.Attach(request, wait_for_ready=True, timeout=ATTACH_WAIT_S)
             if self.steps is not None:
