@@ -248,6 +248,7 @@ def _follow(
     joining.send(rank)
     tp = join(rank, world_size, store, device, args.timeout_s)
     engine = _load(replace(args, warm_up_tokens=None), tp)
+    engine.guides = None  # its samples are dropped (rank 0's are the step's): see _unheld
     # As rank 0's process does once it serves (services/process.py): a full collection's walk
     # over all that loading made would stall every collective of the group.
     gc.collect()
@@ -263,8 +264,17 @@ def _follow(
             continue
         # A bad request: rank 0 raised it too, before any collective, and told its caller.
         with contextlib.suppress(EngineError):
-            engine.step(payload)
+            engine.step(_unheld(payload))
     leave(tp)
+
+
+def _unheld(batch: list[SeqInput]) -> list[SeqInput]:
+    """`batch` with no grammar: a follower's sample is dropped, so it need not follow one (nor
+    read the vocabulary to). Sampling comes after the step's collectives, which stay the same."""
+    return [
+        replace(s, sampling=replace(s.sampling, grammar="")) if s.sampling.grammar else s
+        for s in batch
+    ]
 
 
 def _die_with_parent() -> None:

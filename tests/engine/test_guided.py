@@ -246,3 +246,29 @@ def test_an_engine_without_a_tokenizer_refuses_a_grammar(engine: Engine) -> None
 def test_an_engine_refuses_a_grammar_that_does_not_compile(engine: Engine) -> None:
     with pytest.raises(InvalidRequest, match="output_format"):
         engine.check_sampling(SamplingParams(grammar='{"grammars": [{"nonsense": 1}]}'))
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_group_holds_output_to_a_grammar(
+    default_gguf: Path, tokenizer: Tokenizer, compile_: Callable[[OutputFormat], str]
+) -> None:
+    """Rank 0 follows the grammar; the other rank, whose samples are dropped, steps without."""
+    from engine.rank_group import EngineArgs, start_engine
+
+    args = EngineArgs(default_gguf, kv_cache_bytes=16 << 20, progress=False, max_num_seqs=4)
+    group = start_engine(args, 2)
+    try:
+        params = SamplingParams(
+            temperature=0, grammar=compile_(OutputFormat("choice", ("yes", "no")))
+        )
+        ids = chat(tokenizer, "Is the sky blue?")
+        table = list(range(-(-(len(ids) + 8) // group.block_size)))
+        out = [group.step([SeqInput("t", ids, 0, table, params, prompt_len=len(ids))])[0].token_id]
+        while out[-1] not in tokenizer.eos_token_ids and len(out) < 8:
+            seq = SeqInput(
+                "t", [out[-1]], len(ids) + len(out) - 1, table, params, prompt_len=len(ids)
+            )
+            out.append(group.step([seq])[0].token_id)
+        assert tokenizer.decode(out[:-1]) in ("yes", "no") and out[-1] in tokenizer.eos_token_ids
+    finally:
+        group.close()
