@@ -9,6 +9,7 @@ end-of-sequence tokens stay allowed, so the sequence ends there.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 import llguidance
 import numpy as np
-from llguidance.numpy import fill_next_token_bitmask
+from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
 
 from engine.errors import InvalidRequest
 from engine.sampling_params import MAX_GRAMMAR_BYTES
@@ -36,6 +37,7 @@ _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 _REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 _SOURCE = re.compile(r"^\d+ \|")  # "1 | start: /(/": the generated grammar's line
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
+_PARALLEL_ROWS = 8  # rows from which masks are computed on llguidance's threads
 _COMPILED_KEPT = 64  # compiled grammars a worker keeps, most recently used first
 
 FormatKind = Literal["json_object", "json_schema", "regex", "choice"]
@@ -168,19 +170,32 @@ class Guides:
         """(R, words) int32 bitmasks of the tokens row r may take next, after the output tokens
         `outputs[r]` (everything the sequence sampled before this step)."""
         masks = np.zeros((len(seq_ids), (self.vocab_size + 31) // 32), dtype=np.int32)
-        for r, (seq_id, grammar, output) in enumerate(zip(seq_ids, grammars, outputs, strict=True)):
-            follow = self._follow(seq_id, grammar, output)
-            if not follow.matcher.is_error():
-                fill_next_token_bitmask(follow.matcher, masks, r)
-            if follow.matcher.is_error() or not masks[r].any():
+        matchers = [
+            self._follow(seq_id, grammar, output).matcher
+            for seq_id, grammar, output in zip(seq_ids, grammars, outputs, strict=True)
+        ]
+        live = [(m, r) for r, m in enumerate(matchers) if not m.is_error()]
+        if len(live) >= _PARALLEL_ROWS:
+            # On llguidance's threads: a host with cores to spare computes a large batch's
+            # masks in a fraction of the time (it does not wait for the device meanwhile).
+            fill_next_token_bitmask_par(self._executor, live, masks)
+        else:
+            for matcher, r in live:
+                fill_next_token_bitmask(matcher, masks, r)
+        for r, matcher in enumerate(matchers):
+            if matcher.is_error() or not masks[r].any():
                 # Sampling cannot have left the grammar; should a matcher fail anyway, the
                 # sequence ends rather than sampling from nothing.
-                log.warning("sequence %s left its grammar: %s", seq_id, follow.matcher.get_error())
+                log.warning("sequence %s left its grammar: %s", seq_ids[r], matcher.get_error())
                 masks[r] = 0
                 bits = masks.view(np.uint32)
                 for t in self.tokenizer.eos_tokens:
                     bits[r, t >> 5] |= np.uint32(1 << (t & 31))
         return masks
+
+    @functools.cached_property
+    def _executor(self) -> llguidance.LLExecutor:
+        return llguidance.LLExecutor()
 
     def warm(self) -> None:
         """Read the vocabulary now rather than at the first grammar."""

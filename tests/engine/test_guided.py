@@ -126,6 +126,24 @@ def test_a_released_sequence_starts_afresh(
     assert allowed(guides, grammar, []) == start
 
 
+def test_a_large_batchs_masks_equal_each_rows_own(
+    tokenizer: Tokenizer, compile_: Callable[[OutputFormat], str]
+) -> None:
+    """From 8 rows the masks are computed on llguidance's threads: the same masks."""
+    grammar = compile_(OutputFormat("json_schema", json.dumps(PERSON)))
+    text = '{"name": "Ann", "age": 30, "pets": ["cat", "dog"]}'
+    ids = tokenizer.encode(text, allow_special=False)
+    outputs = [ids[:n] for n in range(0, len(ids), max(1, len(ids) // 12))][:12]
+    together = Guides(lambda: tokenizer, tokenizer.vocab_size)
+    batch = together.masks(
+        [f"s{r}" for r in range(len(outputs))], [grammar] * len(outputs), outputs
+    )
+    alone = Guides(lambda: tokenizer, tokenizer.vocab_size)
+    rows = [alone.masks([f"s{r}"], [grammar], [out])[0] for r, out in enumerate(outputs)]
+    assert len(outputs) >= 8 and (batch == rows).all()
+    assert len({row.tobytes() for row in rows}) > 3  # states that differ, not one mask 12 times
+
+
 def test_the_sampler_picks_only_allowed_tokens() -> None:
     logits = torch.tensor([[5.0, 4.0, 3.0, 2.0], [5.0, 4.0, 3.0, 2.0]])
     greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=2.0, seed=7)
