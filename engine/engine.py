@@ -335,15 +335,17 @@ class Engine:
         self, batch: Sequence[SeqInput], before_launch: Callable[[], None] | None = None
     ) -> Submitted:
         last, self._last = self._last, None
-        if last is not None and any(
-            FROM_LAST_STEP in s.token_ids and s.sampling.needs_history for s in batch
-        ):
-            # A penalty's or a grammar's history is kept on the host: it needs the token itself.
-            batch, last = last.resolved(batch), None
         fill = Fill.of(batch, last, self.device)
         ahead, self._ahead = self._ahead, None
         graphed = self._graph_outputs(batch, ahead, fill, before_launch)  # decodes, in a graph
         hidden = self.forward(batch, fill, before_launch) if graphed is None else None  # (T, dim)
+        if last is not None and any(
+            FROM_LAST_STEP in s.token_ids and s.sampling.needs_history for s in batch
+        ):
+            # A penalty's or a grammar's history is kept on the host: it needs the token itself.
+            # Read once this step is queued behind the one that samples it: the device does not
+            # wait for the host meanwhile.
+            batch = last.resolved(batch)
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
