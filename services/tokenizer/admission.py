@@ -80,6 +80,7 @@ class Admission:
             seed=spec.sampling.seed,
             priority=spec.priority,
             session_id=spec.session_id,
+            output_format=spec.output_format.kind if spec.output_format else None,
         )
         limit = self.link.max_queued_requests
         if limit and self.link.waiting >= limit:

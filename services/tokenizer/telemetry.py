@@ -100,6 +100,7 @@ class GenerateCall:
         seed: int | None,
         priority: int,
         session_id: str | None,
+        output_format: str | None = None,
     ) -> None:
         if not self.recording:
             return
@@ -116,6 +117,11 @@ class GenerateCall:
             attributes["gen_ai.request.seed"] = seed
         if session_id:
             attributes["tandem.session_id"] = session_id
+        if output_format:
+            attributes["tandem.output_format"] = output_format
+            attributes["gen_ai.output.type"] = (
+                "json" if output_format.startswith("json") else "text"
+            )
         self.span.set_attributes(attributes)
 
     @contextlib.contextmanager

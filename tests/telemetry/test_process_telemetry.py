@@ -243,6 +243,7 @@ def test_a_generate_call_continues_the_callers_trace_and_counts(recorded: Record
         seed=None,
         priority=1,
         session_id=None,
+        output_format="json_schema",
     )
     with call.phase("tokenize"):
         pass
@@ -258,6 +259,7 @@ def test_a_generate_call_continues_the_callers_trace_and_counts(recorded: Record
     assert root.parent is not None and root.parent.span_id == 0xB7AD6B7169203331
     a = root.attributes
     assert a["gen_ai.operation.name"] == "chat"
+    assert a["tandem.output_format"] == "json_schema" and a["gen_ai.output.type"] == "json"
     assert a["gen_ai.usage.input_tokens"] == 4 and a["gen_ai.usage.output_tokens"] == 3
     assert a["gen_ai.response.finish_reasons"] == ("stop",)
     assert a["tandem.queue_s"] == 0.25 and a["tandem.ttft_s"] > 0
