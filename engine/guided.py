@@ -148,8 +148,8 @@ class _Follow:
 class Guides:
     """The matchers of a worker's constrained sequences, each fed the tokens sampled so far.
 
-    `vocabulary` gives the model's tokenizer, read once, on the first grammar: a worker that
-    never sees one never reads it."""
+    `vocabulary` gives the model's tokenizer, read once: by `warm` (the worker, before it
+    serves), or else on the first grammar."""
 
     def __init__(self, vocabulary: Callable[[], Tokenizer], vocab_size: int) -> None:
         self._vocabulary = vocabulary
@@ -169,7 +169,8 @@ class Guides:
     ) -> np.ndarray:
         """(R, words) int32 bitmasks of the tokens row r may take next, after the output tokens
         `outputs[r]` (everything the sequence sampled before this step)."""
-        masks = np.zeros((len(seq_ids), (self.vocab_size + 31) // 32), dtype=np.int32)
+        # As wide as llguidance writes: the vocabulary it was given (at least the model's).
+        masks = np.zeros((len(seq_ids), (self.tokenizer.vocab_size + 31) // 32), dtype=np.int32)
         matchers = [
             self._follow(seq_id, grammar, output).matcher
             for seq_id, grammar, output in zip(seq_ids, grammars, outputs, strict=True)
