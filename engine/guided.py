@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -151,9 +152,14 @@ class Guides:
     `vocabulary` gives the model's tokenizer, read once: by `warm` (the worker, before it
     serves), or else on the first grammar."""
 
-    def __init__(self, vocabulary: Callable[[], Tokenizer], vocab_size: int) -> None:
+    def __init__(
+        self, vocabulary: Callable[[], Tokenizer], vocab_size: int, threads: int | None = None
+    ) -> None:
         self._vocabulary = vocabulary
         self.vocab_size = vocab_size
+        # llguidance's threads for a large batch's masks (its own default: 80% of the cores, up
+        # to 32). With one thread they take longer than without llguidance's pool (2 cores).
+        self.threads = threads if threads is not None else min(32, (os.cpu_count() or 1) * 4 // 5)
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
@@ -176,7 +182,7 @@ class Guides:
             for seq_id, grammar, output in zip(seq_ids, grammars, outputs, strict=True)
         ]
         live = [(m, r) for r, m in enumerate(matchers) if not m.is_error()]
-        if len(live) >= _PARALLEL_ROWS:
+        if self.threads > 1 and len(live) >= _PARALLEL_ROWS:
             # On llguidance's threads: a host with cores to spare computes a large batch's
             # masks in a fraction of the time (it does not wait for the device meanwhile).
             fill_next_token_bitmask_par(self._executor, live, masks)
@@ -196,7 +202,7 @@ class Guides:
 
     @functools.cached_property
     def _executor(self) -> llguidance.LLExecutor:
-        return llguidance.LLExecutor()
+        return llguidance.LLExecutor(self.threads)
 
     def warm(self) -> None:
         """Read the vocabulary now rather than at the first grammar."""

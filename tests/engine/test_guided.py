@@ -134,11 +134,11 @@ def test_a_large_batchs_masks_equal_each_rows_own(
     text = '{"name": "Ann", "age": 30, "pets": ["cat", "dog"]}'
     ids = tokenizer.encode(text, allow_special=False)
     outputs = [ids[:n] for n in range(0, len(ids), max(1, len(ids) // 12))][:12]
-    together = Guides(lambda: tokenizer, tokenizer.vocab_size)
+    together = Guides(lambda: tokenizer, tokenizer.vocab_size, threads=2)
     batch = together.masks(
         [f"s{r}" for r in range(len(outputs))], [grammar] * len(outputs), outputs
     )
-    alone = Guides(lambda: tokenizer, tokenizer.vocab_size)
+    alone = Guides(lambda: tokenizer, tokenizer.vocab_size, threads=1)
     rows = [alone.masks([f"s{r}"], [grammar], [out])[0] for r, out in enumerate(outputs)]
     assert len(outputs) >= 8 and (batch == rows).all()
     assert len({row.tobytes() for row in rows}) > 3  # states that differ, not one mask 12 times
