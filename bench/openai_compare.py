@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.cli import tandem_home
 from engine import registry
 from harness.pipeline import pipeline
 from services.bench.config import BenchConfig, Target
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only-http-vs-grpc", action="store_true", help="skip guidellm and llama.cpp"
     )
     args = parser.parse_args(argv)
-    home = Path("~/.cache/tandem").expanduser()
-    gguf = registry.fetch_any(registry.lookup(registry.DEFAULT_MODEL), home, quiet=True)
+    gguf = registry.fetch_any(registry.lookup(registry.DEFAULT_MODEL), tandem_home(), quiet=True)
     results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -28,6 +28,9 @@ from typing import Any
 import jsonschema
 import openai
 
+from bench.cli import tandem_home
+from bench.guided_steps import engine_steps
+from bench.guided_steps import table as steps_table
 from bench.openai_compare import wait_healthy
 from engine import registry
 from harness.pipeline import pipeline
@@ -185,47 +188,6 @@ def rounds(url: str, model: str, server: str, args: argparse.Namespace) -> list[
     return out
 
 
-def engine_steps(gguf: Path, rows: int, steps: int, rounds: int) -> dict[str, list[float]]:
-    """Median decode-step ms of `rows` sequences in the engine alone (no servers), free and held
-    to any JSON object, in alternating rounds: what holding output costs a step."""
-    from engine.batch import FROM_LAST_STEP, SeqInput
-    from engine.engine import Engine
-    from engine.guided import OutputFormat, compile_format, grammar_tokenizer
-    from engine.sampling_params import SamplingParams
-    from engine.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(gguf)
-    engine = Engine.from_path(gguf, kv_cache_bytes=512 << 20, progress=False)
-    vocabulary = grammar_tokenizer(tokenizer, tokenizer.vocab_size)
-    grammar = compile_format(OutputFormat("json_object"), vocabulary)
-    ids = tokenizer.encode_chat([{"role": "user", "content": "Describe a person as JSON."}])
-    per_seq = -(-(len(ids) + steps + 1) // engine.block_size)
-
-    def run(params: SamplingParams) -> float:
-        tables = [list(range(r * per_seq, (r + 1) * per_seq)) for r in range(rows)]
-        engine.step(
-            [SeqInput(r, ids, 0, tables[r], params, prompt_len=len(ids)) for r in range(rows)]
-        )
-        times = []
-        for i in range(steps):
-            batch = [
-                SeqInput(r, [FROM_LAST_STEP], len(ids) + i, tables[r], params, prompt_len=len(ids))
-                for r in range(rows)
-            ]
-            started = time.perf_counter()
-            engine.step(batch)
-            times.append(time.perf_counter() - started)
-        engine.release(list(range(rows)))
-        return 1000 * statistics.median(times)
-
-    out: dict[str, list[float]] = {"free": [], "json_object": []}
-    for r in range(rounds):
-        for mode in ("free", "json_object") if r % 2 == 0 else ("json_object", "free"):
-            held = mode == "json_object"
-            out[mode].append(run(SamplingParams(temperature=0, grammar=grammar if held else "")))
-    return out
-
-
 def table(runs: list[dict[str, Any]]) -> str:
     lines = [
         "| server | output | valid JSON (schema) | ended by itself | output tok/s | TPOT p50 (ms) "
@@ -258,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-rows", type=int, default=16, help="sequences of a decode step")
     parser.add_argument("--json", type=Path, default=Path("bench/RESULTS-structured.json"))
     args = parser.parse_args(argv)
-    home = Path("~/.cache/tandem").expanduser()
-    gguf = registry.fetch_any(registry.lookup(registry.DEFAULT_MODEL), home, quiet=True)
+    gguf = registry.fetch_any(registry.lookup(registry.DEFAULT_MODEL), tandem_home(), quiet=True)
     results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -272,14 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                 results["runs"] += rounds(llama.url, gguf.name, "llama.cpp", args)
             finally:
                 llama.stop()
-    results["engine_steps"] = engine_steps(gguf, args.engine_rows, 48, 2 * args.rounds)
+    results["engine_steps"] = engine_steps(gguf, [args.engine_rows], 48, 2 * args.rounds)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results["runs"]))
-    free, held = (statistics.median(v) for v in results["engine_steps"].values())
-    print(
-        f"\nengine alone, a decode step of {args.engine_rows} sequences: free {free:.2f} ms, "
-        f"held to a JSON object {held:.2f} ms ({held / free - 1:+.1%})"
-    )
+    print(f"\nengine alone, a decode step:\n{steps_table(results['engine_steps'])}")
     print(f"results: {args.json}", file=sys.stderr)
     return 0
 
