@@ -18,7 +18,12 @@ MODES = ("free", "json_object")
 
 
 def engine_steps(
-    gguf: Path, rows: list[int], steps: int, rounds: int, device: str = "cpu"
+    model: Path,
+    rows: list[int],
+    steps: int,
+    rounds: int,
+    device: str = "cpu",
+    kv_cache_mb: int = 512,
 ) -> dict[int, dict[str, list[float]]]:
     """Per row count, each mode's median decode-step ms in each round."""
     from engine.batch import FROM_LAST_STEP, SeqInput
@@ -27,9 +32,11 @@ def engine_steps(
     from engine.sampling_params import SamplingParams
     from engine.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(gguf)
+    tokenizer = load_tokenizer(model)
     dtype = "float32" if device == "cpu" else "bfloat16"
-    engine = Engine.from_path(gguf, device, dtype, kv_cache_bytes=512 << 20, progress=False)
+    engine = Engine.from_path(
+        model, device, dtype, kv_cache_bytes=kv_cache_mb << 20, progress=False
+    )
     vocabulary = grammar_tokenizer(tokenizer, tokenizer.vocab_size)
     grammar = compile_format(OutputFormat("json_object"), vocabulary)
     ids = tokenizer.encode_chat([{"role": "user", "content": "Describe a person as JSON."}])
@@ -74,6 +81,8 @@ def table(steps: dict[int, dict[str, list[float]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--model", default=registry.DEFAULT_MODEL, help="a registry name")
+    parser.add_argument("--kv-cache-mb", type=int, default=512)
     parser.add_argument(
         "--rows", type=int, nargs="+", default=[16], help="sequences of a decode step"
     )
@@ -81,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     json_option(parser, "RESULTS-guided-steps.json")
     args = parser.parse_args(argv)
-    gguf = registry.fetch_any(registry.lookup(registry.DEFAULT_MODEL), tandem_home(), quiet=True)
-    steps = engine_steps(gguf, args.rows, args.steps, args.rounds, args.device)
+    model = registry.fetch_any(registry.lookup(args.model), tandem_home(), quiet=True)
+    steps = engine_steps(model, args.rows, args.steps, args.rounds, args.device, args.kv_cache_mb)
     print(table(steps))
-    args.json.write_text(json.dumps({"device": args.device, "steps": steps}, indent=1) + "\n")
+    args.json.write_text(
+        json.dumps({"device": args.device, "model": args.model, "steps": steps}, indent=1) + "\n"
+    )
     print(f"results: {args.json}", file=sys.stderr)
     return 0
 

@@ -23,10 +23,12 @@ from typing import Any, Literal
 import llguidance
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
+from llguidance.tiktoken import lltokenizer_from_encoding
 
 from engine.errors import InvalidRequest
 from engine.sampling_params import MAX_GRAMMAR_BYTES
 from engine.tokenizer import Tokenizer
+from engine.tokenizer.llama3 import Llama3Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ _SOURCE = re.compile(r"^\d+ \|")  # "1 | start: /(/": the generated grammar's li
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
 _PARALLEL_ROWS = 8  # rows from which masks are computed on llguidance's threads
 _COMPILED_KEPT = 64  # compiled grammars a worker keeps, most recently used first
+_TOKENIZED_KEPT = 4096  # texts whose tokens a vocabulary keeps
 
 FormatKind = Literal["json_object", "json_schema", "regex", "choice"]
 
@@ -57,10 +60,16 @@ class OutputFormat:
 def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     """The vocabulary as llguidance sees it: each id's bytes (a special token's marked, so text
     never spells it), and the ids that end a sequence."""
+    n_vocab = max(vocab_size, tokenizer.vocab_size)
+    eos = sorted(tokenizer.eos_token_ids)
+    if isinstance(tokenizer, Llama3Tokenizer):
+        # tiktoken's ranks, encoded in llguidance itself (as ordinary text: special text stays
+        # text): a mask that tokenizes forced bytes never calls back into Python.
+        return lltokenizer_from_encoding(tokenizer.encoding, n_vocab=n_vocab, eos_token=eos)
+    # `tokenizers` natively would read special text as the special token (and so end a
+    # sequence whose grammar forces "<|im_end|>"): its encoding runs here, through Python.
     return llguidance.LLTokenizer(
-        llguidance.TokenizerWrapper(_Vocabulary(tokenizer)),
-        n_vocab=max(vocab_size, tokenizer.vocab_size),
-        eos_token=sorted(tokenizer.eos_token_ids),
+        llguidance.TokenizerWrapper(_Vocabulary(tokenizer)), n_vocab=n_vocab, eos_token=eos
     )
 
 
@@ -76,10 +85,16 @@ class _Vocabulary:
         ]
         self.special_token_ids = sorted(special)
         self._tokenizer = tokenizer
+        # A mask tokenizes the bytes its grammar forces: the same few texts (a schema's keys and
+        # separators) at every step of every row.
+        self._encode = functools.lru_cache(maxsize=_TOKENIZED_KEPT)(self._encode_text)
 
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
+        return self._encode(text)
+
+    def _encode_text(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, allow_special=False)
 
 

@@ -128,6 +128,10 @@ class Llama3Tokenizer(Tokenizer):
             special_token_text={"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
         )
 
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        return self._encoding
+
     def _encode(self, text: str, *, allow_special: bool) -> list[int]:
         allowed: Literal["all"] | AbstractSet[str] = "all" if allow_special else frozenset()
         ids: list[int] = []
