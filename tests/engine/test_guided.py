@@ -9,16 +9,19 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import llguidance
+import numpy as np
 import pytest
 import torch
+from llguidance.numpy import fill_next_token_bitmask
 
 from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.guided import Guides, OutputFormat, compile_format, grammar_tokenizer
+from engine.guided import Guides, OutputFormat, _Vocabulary, compile_format, grammar_tokenizer
 from engine.sampling import Sampler
 from engine.sampling_params import MAX_GRAMMAR_BYTES, SamplingParams
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.tokenizer import Llama3Tokenizer, Tokenizer, load_tokenizer
 
 PERSON = {
     "type": "object",
@@ -124,6 +127,56 @@ def test_a_released_sequence_starts_afresh(
     allowed(guides, grammar, [yes])
     guides.release("s")
     assert allowed(guides, grammar, []) == start
+
+
+@pytest.fixture(scope="module")
+def llama3(llama3_tokenizer_model: Path) -> Tokenizer:
+    return Llama3Tokenizer(llama3_tokenizer_model)
+
+
+@pytest.mark.parametrize(
+    ("vocabulary", "special"), [("default", "<|im_end|>"), ("llama3", "<|eot_id|>")]
+)
+def test_special_text_a_grammar_forces_is_spelled_in_ordinary_tokens(
+    vocabulary: str, special: str, tokenizer: Tokenizer, llama3: Tokenizer
+) -> None:
+    """Text that reads as an end token is text: were the token allowed, the sequence would end
+    inside its form. The default vocabulary is tokenized through Python, LLaMA-3's natively."""
+    vocab = tokenizer if vocabulary == "default" else llama3
+    grammar = compile_format(
+        OutputFormat("regex", "x" + re.escape(special) + "y"),
+        grammar_tokenizer(vocab, vocab.vocab_size),
+    )
+    guides = Guides(lambda: vocab, vocab.vocab_size)
+    ids = vocab.encode("x" + special + "y", allow_special=False)
+    for n in range(len(ids)):
+        step = allowed(guides, grammar, ids[:n])
+        assert ids[n] in step and not step & vocab.special_ids, vocab.decode(ids[:n])
+    assert allowed(guides, grammar, ids) == set(vocab.eos_token_ids)
+
+
+def test_the_llama3_vocabulary_read_natively_gives_the_masks_of_our_tokenizer(
+    llama3: Tokenizer,
+) -> None:
+    """llguidance reads tiktoken's ranks itself; the same masks as when it calls our encoder."""
+    native = grammar_tokenizer(llama3, llama3.vocab_size)
+    through_python = llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(_Vocabulary(llama3)),
+        n_vocab=llama3.vocab_size,
+        eos_token=sorted(llama3.eos_token_ids),
+    )
+    grammar = compile_format(OutputFormat("json_schema", json.dumps(PERSON)), native)
+    ids = llama3.encode('{"name": "Zoë  x", "age": 30, "pets": ["cat"]}', allow_special=False)
+    masks = []
+    for vocabulary in (native, through_python):
+        matcher = llguidance.LLMatcher(vocabulary, grammar)
+        steps = np.zeros((len(ids) + 1, (llama3.vocab_size + 31) // 32), dtype=np.int32)
+        for n, token in enumerate([*ids, None]):
+            fill_next_token_bitmask(matcher, steps, n)
+            if token is not None:
+                assert matcher.consume_token(token), llama3.decode(ids[: n + 1])
+        masks.append(steps)
+    assert (masks[0] == masks[1]).all() and len({m.tobytes() for m in masks[0]}) > 5
 
 
 def test_a_large_batchs_masks_equal_each_rows_own(
