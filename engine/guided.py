@@ -1,4 +1,4 @@
-"""Guided decoding: output held to a JSON schema, a regex or a list of choices.
+"""Guided decoding: output held to a JSON schema, a regex, a list of choices or a grammar.
 
 llguidance compiles the form into a grammar once, at the edge (`compile_format`, which also
 checks it against the model's vocabulary). The worker follows each constrained sequence with a
@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import llguidance
 import numpy as np
+from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
 from llguidance.tiktoken import lltokenizer_from_encoding
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 MAX_CHOICES = 256
 # JSON as most models write it when they are not held to a layout: ", " and ": " between items,
 # no newlines. Free whitespace lets a small model pad a value with spaces until max_tokens.
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # What the regex syntax (Rust's) gives a meaning to: escaped, a choice is matched as it is.
 _REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 _SOURCE = re.compile(r"^\d+ \|")  # "1 | start: /(/": the generated grammar's line
@@ -44,13 +45,14 @@ _PARALLEL_ROWS = 8  # rows from which masks are computed on llguidance's threads
 _COMPILED_KEPT = 64  # compiled grammars a worker keeps, most recently used first
 _TOKENIZED_KEPT = 4096  # texts whose tokens a vocabulary keeps
 
-FormatKind = Literal["json_object", "json_schema", "regex", "choice"]
+FormatKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
 
 
 @dataclass(frozen=True)
 class OutputFormat:
-    """What a request holds its output to. `value`: the schema's JSON text, the regex, or the
-    choices; `field`: the request field it came from, named in errors."""
+    """What a request holds its output to. `value`: the schema's JSON text, the regex, the
+    choices, or the grammar (Lark as llguidance reads it, or GBNF); `field`: the request field
+    it came from, named in errors."""
 
     kind: FormatKind
     value: str | tuple[str, ...] = ""
@@ -132,6 +134,15 @@ def _grammar(fmt: OutputFormat) -> str:
         if not fmt.value:
             raise InvalidRequest(fmt.field, "is empty")
         return llguidance.LLMatcher.grammar_from_regex(fmt.value)
+    if fmt.kind == "grammar":
+        assert isinstance(fmt.value, str)
+        if not fmt.value.strip():
+            raise InvalidRequest(fmt.field, "is empty")
+        try:
+            lark = any_to_lark(fmt.value)  # llama.cpp's and xgrammar's GBNF becomes Lark
+        except GbnfToLarkError as err:
+            raise InvalidRequest(fmt.field, f"is neither Lark nor GBNF: {err}") from None
+        return llguidance.LLMatcher.grammar_from_lark(lark)
     choices = fmt.value
     if not choices or len(choices) > MAX_CHOICES:
         raise InvalidRequest(fmt.field, f"give 1 to {MAX_CHOICES} choices, not {len(choices)}")
@@ -144,7 +155,7 @@ def _grammar(fmt: OutputFormat) -> str:
 
 
 def _json_grammar(schema: dict[str, Any] | bool) -> str:
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_LAYOUT)  # type: ignore[arg-type]
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)  # type: ignore[arg-type]
 
 
 def _message(error: str) -> str:

@@ -104,27 +104,30 @@ def add_format_args(parser: argparse.ArgumentParser) -> None:
     )
     forms.add_argument("--regex", help="text the regex matches whole")
     forms.add_argument(
+        "--grammar", metavar="FILE", help="a sentence of this Lark or GBNF grammar (- : stdin)"
+    )
+    forms.add_argument(
         "--choice", action="append", metavar="TEXT", help="one of these texts (repeat the flag)"
     )
 
 
 def format_from_args(args: argparse.Namespace) -> tuple[str, Any] | None:
-    """(kind, value) of the format flags: json_object True, json_schema the file's text, regex
-    the pattern, choice the texts; None without one. InvalidOption for a file it cannot read."""
+    """(kind, value) of the format flags: json_object True, json_schema and grammar the file's
+    text, regex the pattern, choice the texts; None without one. InvalidOption for a file it
+    cannot read."""
     from services.client_types import InvalidOption
 
     if args.json_object:
         return "json_object", True
-    if args.json_schema is not None:
-        try:
-            text = (
-                sys.stdin.read() if args.json_schema == "-" else Path(args.json_schema).read_text()
-            )
-        except OSError as err:
-            raise InvalidOption(
-                f"--json-schema: cannot read {args.json_schema}: {err.strerror}"
-            ) from None
-        return "json_schema", text  # what is wrong with it is said where it is compiled
+    for kind in ("json_schema", "grammar"):
+        path = getattr(args, kind)
+        if path is not None:
+            try:
+                text = sys.stdin.read() if path == "-" else Path(path).read_text()
+            except OSError as err:
+                flag = "--" + kind.replace("_", "-")
+                raise InvalidOption(f"{flag}: cannot read {path}: {err.strerror}") from None
+            return kind, text  # what is wrong with it is said where it is compiled
     if args.regex is not None:
         return "regex", args.regex
     if args.choice:

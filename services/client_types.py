@@ -59,7 +59,7 @@ class GenerateOptions(TypedDict, total=False):
     logit_bias: Mapping[int, float]  # token id -> added to its logit, in [-100, 100]
     # What the output is held to, as the request's OutputFormat or a dict of it:
     # {"json_schema": json.dumps(schema)}, {"json_object": True}, {"regex": "[0-9]+"} or
-    # {"choice": {"choices": ["yes", "no"]}}.
+    # {"choice": {"choices": ["yes", "no"]}} or {"grammar": lark_or_gbnf_text}.
     output_format: pb.OutputFormat | Mapping[str, Any]
     n: int  # sequences from the prompt; each delta names its `index`
     stop: Sequence[str]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -25,6 +26,25 @@ def check_text(text: str, field: str) -> None:
         raise InvalidRequest(
             field, f"is not valid Unicode: {err.object[err.start]!r} at index {err.start}"
         ) from None
+
+
+def with_tools(messages: Sequence[Message], tools: list[Any]) -> list[Message]:
+    """`messages` with the tools and how to call them told in the system message (one is put
+    first where there is none), in the words of LLaMA 3.1's template: for a chat template that
+    has no place for tools, as TGI does."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    told = (
+        f"You can call these functions:\n{listed}\n\nTo call one, reply with JSON alone, in the "
+        'form {"name": function name, "parameters": dictionary of argument name and its value}.'
+    )
+    first = messages[0] if messages else None
+    if (
+        isinstance(first, dict)
+        and first.get("role") == "system"
+        and isinstance(first.get("content"), str)
+    ):
+        return [{**first, "content": f"{first['content']}\n\n{told}"}, *messages[1:]]
+    return [{"role": "system", "content": told}, *messages]
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
@@ -111,7 +131,12 @@ class Tokenizer(ABC):
         """The ids of the rendered chat, where only the template's own markup becomes control
         tokens: special-token text inside a message is encoded as the characters it is, as in
         Meta's reference, so no message can close its turn or forge another role's. `tools`
-        (OpenAI's form) go to a template that renders them, their text kept text the same way."""
+        (OpenAI's form) go to a template that renders them, their text kept text the same way;
+        a template with no place for them (the default model's) sees them in the system
+        message (`with_tools`)."""
+        template = self.chat_template
+        if tools is not None and template is not None and "tools" not in template.variables:
+            messages, tools = with_tools(messages, tools), None
         marked = [self._mark_message(i, m) for i, m in enumerate(messages)]
         if tools is not None:
             extra["tools"] = self._mark_tree(tools, "tools")

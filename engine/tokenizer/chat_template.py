@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -73,6 +73,8 @@ class ChatTemplate:
         env.globals["strftime_now"] = lambda fmt: now().strftime(fmt)
         try:
             self._template = env.from_string(source)
+            # What the template reads besides messages: whether it has a place for tools.
+            self.variables = frozenset(meta.find_undeclared_variables(env.parse(source)))
         except jinja2.TemplateSyntaxError as err:
             raise ModelFormatError(
                 f"the chat template does not compile: {err.message} (line {err.lineno})"

@@ -68,6 +68,10 @@ def allowed(guides: Guides, grammar: str, output: list[int], seq_id: str = "s") 
         (OutputFormat("regex", "", "f"), "f: is empty"),
         (OutputFormat("choice", (), "f"), "f: give 1 to 256 choices, not 0"),
         (OutputFormat("choice", ("a", ""), "f"), "f: a choice is empty"),
+        (OutputFormat("grammar", " \n", "f"), "f: is empty"),
+        (OutputFormat("grammar", "start: ((", "f"), "f: .*Expected token"),
+        (OutputFormat("grammar", "start: a_rule", "f"), "f: .*unknown name"),
+        (OutputFormat("grammar", "root ::= (((", "f"), "f: is neither Lark nor GBNF"),
     ],
 )
 def test_a_bad_format_is_refused_naming_its_field(
@@ -276,6 +280,24 @@ def test_the_default_model_keeps_to_a_regex_and_a_choice(
         SamplingParams(temperature=1.0, seed=1, grammar=compile_(OutputFormat("choice", choices))),
     )
     assert tokenizer.decode(out[:-1]) in choices
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no"',  # Lark
+        'root ::= "The answer is " answer "."\nanswer ::= "yes" | "no"',  # GBNF
+    ],
+)
+def test_the_default_model_keeps_to_a_grammar(
+    engine: Engine, tokenizer: Tokenizer, compile_: Callable[[OutputFormat], str], grammar: str
+) -> None:
+    out = generate(
+        engine,
+        chat(tokenizer, "Is the sky blue?"),
+        SamplingParams(temperature=0, grammar=compile_(OutputFormat("grammar", grammar))),
+    )
+    assert tokenizer.decode(out[:-1]) in ("The answer is yes.", "The answer is no.")
 
 
 @pytest.mark.slow

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
+import llguidance
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -15,6 +17,8 @@ from fastapi.testclient import TestClient
 from starlette.exceptions import HTTPException
 
 from engine.errors import InvalidRequest
+from engine.guided import OutputFormat, compile_format, grammar_tokenizer
+from engine.tokenizer import Tokenizer, load_tokenizer
 from services.errors import NotFound, ResourceExhausted, ServiceError, Unauthenticated, Unavailable
 from services.tls import TlsSettings
 from services.tokenizer.auth import ApiKeys
@@ -27,6 +31,7 @@ from services.tokenizer.http.convert import (
 )
 from services.tokenizer.http.errors import http_error, openai_field
 from services.tokenizer.http.http_metrics import HttpMetrics
+from services.tokenizer.http.output import Output
 from services.tokenizer.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,6 +39,7 @@ from services.tokenizer.http.schemas import (
     TokenizeRequest,
 )
 from services.tokenizer.http.server import HttpServer
+from tandem.v1 import generation_pb2 as pb
 
 
 @pytest.mark.parametrize(
@@ -98,7 +104,6 @@ def test_a_body_that_does_not_validate_is_named_by_its_field(
 
 def test_a_sampling_field_is_named_once_in_its_error() -> None:
     from services.tokenizer.request import parse_generate
-    from tandem.v1 import generation_pb2 as pb
 
     request = pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(temperature=float("inf")))
     with pytest.raises(InvalidRequest) as failed:
@@ -119,7 +124,6 @@ def test_a_field_past_its_bound_is_named_with_its_size(
     fields: dict, field: str, message: str
 ) -> None:
     from services.tokenizer.request import parse_generate
-    from tandem.v1 import generation_pb2 as pb
 
     with pytest.raises(InvalidRequest) as failed:
         parse_generate(pb.GenerateRequest(text="hi", **fields), "m", 2000, 64)
@@ -158,9 +162,14 @@ def test_tool_choice_holds_the_output_to_the_calls_json() -> None:
     plan = chat_plan(chat(tools=[CLOCK, WEATHER], tool_choice="required"), "r", "m")
     schema = json.loads(plan.requests[0].output_format.json_schema)
     assert plan.calls is not None and plan.calls.function is None and plan.format_param == "tools"
-    assert schema["type"] == "array" and schema["minItems"] == 1
-    names = [item["properties"]["name"]["const"] for item in schema["items"]["anyOf"]]
-    assert names == ["clock", "weather"]
+    *calls, listed = schema["anyOf"]  # one call, or a list of them
+    assert [c["properties"]["name"]["const"] for c in calls] == ["clock", "weather"]
+    assert listed["type"] == "array" and listed["minItems"] == 1
+    assert listed["items"]["anyOf"] == calls
+    one = chat_plan(
+        chat(tools=[CLOCK, WEATHER], tool_choice="required", parallel_tool_calls=False), "r", "m"
+    )
+    assert json.loads(one.requests[0].output_format.json_schema) == {"anyOf": calls}
     none = chat_plan(chat(tools=[WEATHER], tool_choice="none"), "r", "m")
     assert none.calls is None and none.requests[0].output_format.WhichOneof("format") is None
     assert none.requests[0].chat.tools == ""  # not shown: the model is not to call them
@@ -180,12 +189,78 @@ def test_an_assistants_tool_calls_become_its_text() -> None:
     body = ChatCompletionRequest.model_validate({"messages": messages})
     (request,) = chat_plan(body, "r", "m").requests
     turns = [(m.role, m.content) for m in request.chat.messages]
-    assert turns[1] == ("assistant", '[{"name": "weather", "parameters": {"city": "Oslo"}}]')
+    assert turns[1] == ("assistant", '{"name": "weather", "parameters": {"city": "Oslo"}}')
     assert turns[2] == ("tool", "sunny")
     call["function"]["arguments"] = "{oops"  # type: ignore[index]
     with pytest.raises(InvalidRequest) as err:
         chat_plan(ChatCompletionRequest.model_validate({"messages": messages}), "r", "m")
     assert err.value.field == "messages[1].tool_calls[0].function.arguments"
+
+
+@pytest.fixture(scope="module")
+def vocabulary(default_gguf: Path) -> tuple[Tokenizer, llguidance.LLTokenizer]:
+    tokenizer = load_tokenizer(default_gguf)
+    return tokenizer, grammar_tokenizer(tokenizer, tokenizer.vocab_size)
+
+
+def test_tool_choice_auto_holds_a_reply_to_text_or_calls(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    """OpenAI's default: the model answers in text, or calls; a reply that begins as JSON is
+    calls, held to the tools' schemas."""
+    tokenizer, lltokenizer = vocabulary
+    plan = chat_plan(chat(tools=[CLOCK, WEATHER]), "r", "m")
+    (request,) = plan.requests
+    assert plan.calls is not None and plan.calls.auto and plan.format_param == "tools"
+    assert json.loads(request.chat.tools)[1]["function"]["name"] == "weather"
+    grammar = compile_format(OutputFormat("grammar", request.output_format.grammar), lltokenizer)
+
+    def whole(text: str) -> bool:
+        matcher = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
+        ids = tokenizer.encode(text, allow_special=False)
+        return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+    call = '{"name": "weather", "parameters": {"city": "Oslo"}}'
+    assert whole(call) and whole(f'[{call}, {{"name": "clock", "parameters": {{}}}}]')
+    assert whole("It is sunny.") and whole("Sure:\n" + call)  # text, what it holds stays text
+    assert not whole('{"name": "radio", "parameters": {}}')  # no such tool
+    assert not whole('{"name": "weather", "parameters": {"city": 3}}')  # against its schema
+    assert not whole('{"name":"weather","parameters":{}}')  # JSON as the layout writes it only
+    assert not whole("[1, 2]")
+
+
+def test_an_auto_reply_streams_as_text_or_whole_as_calls(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    tokenizer, _ = vocabulary
+    plan = chat_plan(chat(tools=[WEATHER], stream=True), "r", "m")
+
+    def streamed(*texts: str) -> list[dict[str, Any]]:
+        output = Output(tokenizer, "id", "m", plan)
+        events = []
+        for i, text in enumerate(texts):
+            finish = "stop" if i == len(texts) - 1 else ""
+            events += output.stream(0, pb.GenerateResponse(text=text, finish_reason=finish))
+        return [json.loads(e.removeprefix("data: "))["choices"][0] for e in events]
+
+    text = streamed("", "It is", " {sunny}.")
+    assert "".join(c["delta"].get("content") or "" for c in text) == "It is {sunny}."
+    assert text[-1]["finish_reason"] == "stop" and not any("tool_calls" in c["delta"] for c in text)
+    calls = streamed('{"name": "weather", ', '"parameters": {"city": "Oslo"}}')
+    assert not any(c["delta"].get("content") for c in calls)
+    (call,) = calls[-1]["delta"]["tool_calls"]
+    assert call["index"] == 0 and call["function"]["name"] == "weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    assert calls[-1]["finish_reason"] == "tool_calls"
+    whole = Output(tokenizer, "id", "m", plan)
+    whole.add(0, pb.GenerateResponse(text='[{"name": "weather", "parameters": {}}]'))
+    whole.add(0, pb.GenerateResponse(finish_reason="stop"))
+    (choice,) = whole.whole()["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    cut = Output(tokenizer, "id", "m", plan)  # cut short by max_tokens: it stays text
+    cut.add(0, pb.GenerateResponse(text='{"name": "wea', finish_reason="length"))
+    (choice,) = cut.whole()["choices"]
+    assert choice["message"] == {"role": "assistant", "content": '{"name": "wea'}
 
 
 def chat(**kw: object) -> ChatCompletionRequest:
@@ -214,8 +289,6 @@ def test_chat_converts_to_the_grpc_request() -> None:
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        ({"tools": [WEATHER]}, "tool_choice"),  # OpenAI's default "auto"
-        ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),  # no tools
         ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools"),
         (
@@ -233,7 +306,7 @@ def test_chat_converts_to_the_grpc_request() -> None:
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
-        ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {"grammar": "root ::= x", "regex": "a"}}, "structured_outputs"),
         ({"structured_outputs": {}}, "structured_outputs"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
         (
@@ -272,6 +345,7 @@ def test_output_formats_become_the_grpc_apis_one_format() -> None:
             json.dumps(schema),
         ),
         ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),
+        ({"structured_outputs": {"grammar": 'root ::= "x"'}}, "grammar", 'root ::= "x"'),
     ]
     for extra, kind, value in forms:
         (request,) = chat_plan(chat(**extra), "r", "m").requests

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequest
+from engine.guided import JSON_LAYOUT
 from services.errors import NotFound
 from services.tokenizer.http.schemas import (
     ChatCompletionRequest,
@@ -25,6 +26,7 @@ from tandem.v1 import generation_pb2 as pb
 _FLOAT32_MAX = 3.4028234663852886e38
 MAX_PROMPTS = 64  # prompts of one completions request
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+_NOT_JSON = "TEXT: /[^\\[{][\\s\\S]*/"  # a reply that does not begin as calls do
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,12 @@ class Plan:
 @dataclass(frozen=True)
 class Calls:
     """How a held output becomes tool calls: `function` named by tool_choice, the output being
-    its arguments; or None (tool_choice "required"), the output a JSON list of
-    {"name", "parameters"} objects."""
+    its arguments; or None, the output a {"name", "parameters"} object or a JSON list of them
+    (tool_choice "required"), or else text (tool_choice "auto": a reply that begins with "{"
+    or "[" is calls, held to their schemas; any other is text)."""
 
     function: str | None
+    auto: bool = False
 
 
 def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -77,12 +81,6 @@ def _tool_calls(
         return None, None
     if not tools:
         raise InvalidRequest("tool_choice", "needs tools")
-    if choice == "auto":
-        raise InvalidRequest(
-            "tool_choice",
-            '"auto" needs a parser of the model\'s own tool-call format, which tandem does not '
-            'have yet: give "required", a named function, or "none"',
-        )
     if request.output_format.WhichOneof("format") is not None:
         raise InvalidRequest("tool_choice", "cannot be given with response_format")
     names = [t.function.name for t in tools]
@@ -95,7 +93,7 @@ def _tool_calls(
     # A template that renders tools shows them to the model (the default model's has no place).
     request.chat.tools = json.dumps([t.model_dump(exclude_none=True) for t in tools])
     out = request.output_format
-    if choice == "required":
+    if choice in ("required", "auto"):
         calls = [
             {
                 "type": "object",
@@ -105,9 +103,18 @@ def _tool_calls(
             }
             for t in tools
         ]
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-        out.json_schema = json.dumps(schema)
-        return Calls(None), "tools"
+        listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if body.parallel_tool_calls is False:
+            schema: dict[str, Any] = {"anyOf": calls}
+        else:
+            schema = {"anyOf": [*calls, listed]}
+        if choice == "required":
+            out.json_schema = json.dumps(schema)
+            return Calls(None), "tools"
+        # Text, or calls: a reply's first character says which.
+        schema["x-guidance"] = JSON_LAYOUT
+        out.grammar = f"start: TEXT | calls\ncalls: %json {json.dumps(schema)}\n{_NOT_JSON}\n"
+        return Calls(None, auto=True), "tools"
     assert not isinstance(choice, str)
     name = choice.function.name
     if name not in names:
@@ -166,7 +173,7 @@ def detokenize_request(
 
 def _add_messages(chat: pb.ChatMessages, messages: list[ChatMessage]) -> None:
     """Text messages into the gRPC API's chat; what is not text is refused. An assistant's tool
-    calls become its text, in the form tool_choice "required" holds a reply to."""
+    calls become its text, in the form tool_choice "required" or "auto" holds a reply to."""
     for i, message in enumerate(messages):
         if message.tool_calls:
             calls = []
@@ -177,7 +184,7 @@ def _add_messages(chat: pb.ChatMessages, messages: list[ChatMessage]) -> None:
                     field = f"messages[{i}].tool_calls[{j}].function.arguments"
                     raise InvalidRequest(field, f"is not JSON: {err}") from None
                 calls.append({"name": call.function.name, "parameters": parameters})
-            text = json.dumps(calls, ensure_ascii=False)
+            text = json.dumps(calls if len(calls) > 1 else calls[0], ensure_ascii=False)
             said = f"{message.content}\n{text}" if isinstance(message.content, str) else text
             chat.messages.add(role="assistant", content=said)
             continue
@@ -293,14 +300,17 @@ def _add_output_format(out: pb.OutputFormat, body: _Sampling) -> None:
             out.json_schema = json.dumps(schema)
     if extra is None:
         return
-    for name in ("json", "grammar", "json_object", "structural_tag"):
+    for name in ("json", "json_object", "structural_tag"):
         if getattr(extra, name if name != "json" else "json_") is not None:
             hint = ": JSON goes in response_format" if name.startswith("json") else ""
             raise InvalidRequest(f"structured_outputs.{name}", f"is not supported{hint}")
-    if (extra.regex is None) == (extra.choice is None):
-        raise InvalidRequest("structured_outputs", "give one of regex or choice")
+    given = [name for name in ("regex", "choice", "grammar") if getattr(extra, name) is not None]
+    if len(given) != 1:
+        raise InvalidRequest("structured_outputs", "give one of regex, choice or grammar")
     if extra.regex is not None:
         out.regex = extra.regex
+    elif extra.grammar is not None:
+        out.grammar = extra.grammar
     else:
         out.choice.choices.extend(extra.choice or ())
 

@@ -29,6 +29,8 @@ class _Choice:
     logprobs: list[Any] = field(default_factory=list)
     finish_reason: str | None = None
     started: bool = False
+    held: bool = False  # its text is tool calls, sent whole at the end
+    decided: bool = False  # (tool_choice "auto") whether its text is calls is known
 
 
 class Output:
@@ -101,10 +103,15 @@ class Output:
             choice = self.choices[index]
             if not choice.started:  # as OpenAI: the role first, with the first output
                 choice.started = True
-                delta = {"role": "assistant", "content": None if self.plan.calls else ""}
+                choice.held = self.plan.calls is not None and not self.plan.calls.auto
+                delta = {"role": "assistant", "content": None if choice.held else ""}
                 out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
+            calls = self.plan.calls
+            if calls is not None and calls.auto and not choice.decided and msg.text:
+                # "auto": a reply is calls or text from its first character (its grammar's).
+                choice.held, choice.decided = _begins_as_calls(msg.text), True
             body["delta"] = {"content": msg.text} if msg.text else {}
-            if self.plan.calls is not None:
+            if choice.held:
                 # The calls are sent whole, once their JSON is: held until the end.
                 choice.text.append(msg.text)
                 body["delta"] = {}
@@ -112,9 +119,9 @@ class Output:
                     message, finish = self._message("".join(choice.text), finish)
                     body["delta"] = {k: v for k, v in message.items() if k != "role"}
                     if "tool_calls" in body["delta"]:
-                        calls = body["delta"]["tool_calls"]
+                        listed = body["delta"]["tool_calls"]
                         body["delta"]["tool_calls"] = [
-                            {"index": i, **c} for i, c in enumerate(calls)
+                            {"index": i, **c} for i, c in enumerate(listed)
                         ]
         else:
             body["text"] = msg.text
@@ -163,10 +170,13 @@ class Output:
             named = [{"name": calls.function, "arguments": text}]
             # OpenAI ends a call that tool_choice named with "stop".
             return {"role": "assistant", "content": None, "tool_calls": _tool_calls(named)}, finish
+        if calls.auto and not _begins_as_calls(text):
+            return {"role": "assistant", "content": text}, finish
         try:
+            parsed = json.loads(text)
             listed = [
                 {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}
-                for c in json.loads(text)
+                for c in (parsed if isinstance(parsed, list) else [parsed])
             ]
         except (ValueError, TypeError, KeyError):  # a stop string cut it: it stays text
             return {"role": "assistant", "content": text}, finish
@@ -203,6 +213,10 @@ class Output:
             ],
             "text_offset": list(itertools.accumulate(map(len, texts), initial=0))[:-1],
         }
+
+
+def _begins_as_calls(text: str) -> bool:
+    return text[:1] in ("{", "[")
 
 
 def _tool_calls(functions: list[dict[str, str]]) -> list[dict[str, Any]]:
