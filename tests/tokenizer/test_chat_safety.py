@@ -122,6 +122,7 @@ def test_a_template_without_tools_tells_them_in_the_system_message(smollm: Token
     chat = [{"role": "user", "content": "hi"}]
     text = smollm.decode(smollm.encode_chat(chat, tools=tools))
     system, user = text.split("<|im_start|>user")
+    assert user.startswith("\nhi<|im_end|>")
     assert system.startswith("<|im_start|>system\nYou can call these functions:")
     assert '"name": "get_weather"' in system and '{"name": function name' in system
     assert "You are a helpful AI assistant" not in text  # its default system message, replaced
