@@ -64,15 +64,20 @@ def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTok
     never spells it), and the ids that end a sequence."""
     n_vocab = max(vocab_size, tokenizer.vocab_size)
     eos = sorted(tokenizer.eos_token_ids)
-    if isinstance(tokenizer, Llama3Tokenizer):
-        # tiktoken's ranks, encoded in llguidance itself (as ordinary text: special text stays
-        # text): a mask that tokenizes forced bytes never calls back into Python.
+    if native(tokenizer):
+        assert isinstance(tokenizer, Llama3Tokenizer)
         return lltokenizer_from_encoding(tokenizer.encoding, n_vocab=n_vocab, eos_token=eos)
-    # `tokenizers` natively would read special text as the special token (and so end a
-    # sequence whose grammar forces "<|im_end|>"): its encoding runs here, through Python.
     return llguidance.LLTokenizer(
         llguidance.TokenizerWrapper(_Vocabulary(tokenizer)), n_vocab=n_vocab, eos_token=eos
     )
+
+
+def native(tokenizer: Tokenizer) -> bool:
+    """Whether llguidance encodes `tokenizer`'s text itself, never calling back into Python: a
+    mask tokenizes the bytes its grammar forces. tiktoken's ranks it reads (as ordinary text:
+    special text stays text); `tokenizers` it would read special text as the special token with
+    (and so end a sequence whose grammar forces "<|im_end|>"), so that encoding runs here."""
+    return isinstance(tokenizer, Llama3Tokenizer)
 
 
 class _Vocabulary:
@@ -187,6 +192,7 @@ class Guides:
         # to 32). With one thread they take longer than without llguidance's pool (2 cores).
         self.threads = threads if threads is not None else min(32, (os.cpu_count() or 1) * 4 // 5)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._parallel = False  # masks on llguidance's threads (known with the vocabulary)
         self._lock = threading.Lock()
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._follows: dict[Any, _Follow] = {}
@@ -208,7 +214,7 @@ class Guides:
             for seq_id, grammar, output in zip(seq_ids, grammars, outputs, strict=True)
         ]
         live = [(m, r) for r, m in enumerate(matchers) if not m.is_error()]
-        if self.threads > 1 and len(live) >= _PARALLEL_ROWS:
+        if self._parallel and len(live) >= _PARALLEL_ROWS:
             # On llguidance's threads: a host with cores to spare computes a large batch's
             # masks in a fraction of the time (it does not wait for the device meanwhile).
             fill_next_token_bitmask_par(self._executor, live, masks)
@@ -241,7 +247,11 @@ class Guides:
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = grammar_tokenizer(self._vocabulary(), self.vocab_size)
+                vocabulary = self._vocabulary()
+                self._tokenizer = grammar_tokenizer(vocabulary, self.vocab_size)
+                # Threads that call back into Python for each mask wait on each other for the
+                # GIL: 256 rows took 3x the loop's time on 2 threads.
+                self._parallel = self.threads > 1 and native(vocabulary)
             return self._tokenizer
 
     def _follow(self, seq_id: Any, grammar: str, output: Sequence[int]) -> _Follow:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -15,6 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.tokenizer import load_tokenizer
 from harness.pipeline import Pipeline, pipeline
 from services.client import Client
 from services.client_types import TandemError
@@ -170,7 +172,6 @@ def test_errors_surface_as_the_sdks_exceptions(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         sdk.chat.completions.create(model="gpt-4o", messages=CHAT)
     for name, value, param in (
-        ("tools", [{"type": "function", "function": {"name": "f"}}], "tool_choice"),  # auto
         (
             "response_format",
             {"type": "json_schema", "json_schema": {"name": "x"}},
@@ -372,6 +373,12 @@ def test_json_object_regex_and_choice_hold_the_output(sdk: openai.OpenAI) -> Non
         extra_body={"structured_outputs": {"choice": ["yes", "no"]}}, temperature=0,
     )  # fmt: skip
     assert picked.choices[0].message.content in ("yes", "no")
+    grammar = 'root ::= "The sky is " colour "."\ncolour ::= "blue" | "green"'  # GBNF
+    said = sdk.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "What colour is the sky?"}],
+        max_tokens=16, extra_body={"structured_outputs": {"grammar": grammar}}, temperature=0,
+    )  # fmt: skip
+    assert said.choices[0].message.content in ("The sky is blue.", "The sky is green.")
 
 
 def test_a_bad_output_format_is_refused_and_nothing_is_held(
@@ -382,8 +389,14 @@ def test_a_bad_output_format_is_refused_and_nothing_is_held(
         ({"response_format": {"type": "json_schema", "json_schema": colour}}, "schema"),
         ({"extra_body": {"structured_outputs": {"regex": "(unclosed"}}}, "regex"),
         ({"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}}, ""),
+        ({"extra_body": {"structured_outputs": {"grammar": "root ::= ((("}}}, "neither"),
     ]
-    params = ["response_format.json_schema.schema", "structured_outputs.regex", "ignore_eos"]
+    params = [
+        "response_format.json_schema.schema",
+        "structured_outputs.regex",
+        "ignore_eos",
+        "structured_outputs.grammar",
+    ]
     for (extra, words), param in zip(bad, params, strict=True):
         with pytest.raises(openai.BadRequestError) as err:
             sdk.chat.completions.create(model="", messages=CHAT, max_tokens=4, **extra)
@@ -494,11 +507,44 @@ def test_tool_calls_stream_whole_and_a_tool_result_is_a_turn(sdk: openai.OpenAI)
     assert follow_up.choices[0].message.content and not follow_up.choices[0].message.tool_calls
 
 
+def test_tool_choice_auto_answers_in_text_or_with_calls(
+    sdk: openai.OpenAI, default_gguf: Path
+) -> None:
+    """OpenAI's default. Pushed to begin with "{" (logit_bias), the reply is calls, held to
+    the tools' schemas, streamed whole; asked to greet, the default model answers in text."""
+    (brace,) = load_tokenizer(default_gguf).encode("{", allow_special=False)
+    asked = dict(model="", messages=ASK, tools=[TIME], temperature=0, max_tokens=60)
+    called = sdk.chat.completions.create(**asked, logit_bias={str(brace): 100})  # type: ignore[call-overload]
+    (choice,) = called.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), TIME["function"]["parameters"])
+    chunks = list(
+        sdk.chat.completions.create(**asked, logit_bias={str(brace): 100}, stream=True)  # type: ignore[call-overload]
+    )
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    (streamed,) = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert streamed.function is not None
+    assert streamed.function.arguments == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    greeting = [{"role": "user", "content": "Hello! Who are you?"}]
+    chunks = list(
+        sdk.chat.completions.create(**{**asked, "messages": greeting}, stream=True)  # type: ignore[call-overload]
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # as it came
+    assert (
+        text and text[0] not in "{[" and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    )
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+
+
 def test_tool_errors_name_their_parameter(sdk: openai.OpenAI) -> None:
     bad_schema = {"type": "function", "function": {"name": "f", "parameters": {"type": "colour"}}}
     function_f = {"name": "f"}
     cases = [
-        ({"tools": [WEATHER]}, "tool_choice"),  # "auto", OpenAI's default
+        ({"tools": [WEATHER, bad_schema]}, "tools"),  # "auto", OpenAI's default
         ({"tools": [WEATHER, bad_schema], "tool_choice": "required"}, "tools"),
         (
             {

@@ -183,19 +183,25 @@ def test_the_llama3_vocabulary_read_natively_gives_the_masks_of_our_tokenizer(
     assert (masks[0] == masks[1]).all() and len({m.tobytes() for m in masks[0]}) > 5
 
 
+@pytest.mark.parametrize("vocabulary", ["default", "llama3"])
 def test_a_large_batchs_masks_equal_each_rows_own(
-    tokenizer: Tokenizer, compile_: Callable[[OutputFormat], str]
+    vocabulary: str, tokenizer: Tokenizer, llama3: Tokenizer
 ) -> None:
-    """From 8 rows the masks are computed on llguidance's threads: the same masks."""
-    grammar = compile_(OutputFormat("json_schema", json.dumps(PERSON)))
+    """From 8 rows the masks are computed on llguidance's threads where it encodes text itself
+    (LLaMA-3's vocabulary), and in a loop where that calls back into Python: the same masks."""
+    vocab = tokenizer if vocabulary == "default" else llama3
+    grammar = compile_format(
+        OutputFormat("json_schema", json.dumps(PERSON)), grammar_tokenizer(vocab, vocab.vocab_size)
+    )
     text = '{"name": "Ann", "age": 30, "pets": ["cat", "dog"]}'
-    ids = tokenizer.encode(text, allow_special=False)
+    ids = vocab.encode(text, allow_special=False)
     outputs = [ids[:n] for n in range(0, len(ids), max(1, len(ids) // 12))][:12]
-    together = Guides(lambda: tokenizer, tokenizer.vocab_size, threads=2)
+    together = Guides(lambda: vocab, vocab.vocab_size, threads=2)
     batch = together.masks(
         [f"s{r}" for r in range(len(outputs))], [grammar] * len(outputs), outputs
     )
-    alone = Guides(lambda: tokenizer, tokenizer.vocab_size, threads=1)
+    assert together._parallel == (vocabulary == "llama3")
+    alone = Guides(lambda: vocab, vocab.vocab_size, threads=1)
     rows = [alone.masks([f"s{r}"], [grammar], [out])[0] for r, out in enumerate(outputs)]
     assert len(outputs) >= 8 and (batch == rows).all()
     assert len({row.tobytes() for row in rows}) > 3  # states that differ, not one mask 12 times

@@ -58,6 +58,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# The output formats a request's tools become (tool_choice "required" or named; "auto").
+_TOOLS_FORMATS = ("output_format.json_schema", "output_format.grammar")
+
+
 class _RequestId:
     """Takes the caller's X-Request-Id (or makes one) and echoes it on every response."""
 
@@ -175,7 +179,7 @@ def create_app(
             out.on_prompts(await until_disconnected(request, generations.start()))
         except BaseException as err:
             await generations.aclose()
-            held = isinstance(err, InvalidRequest) and err.field == "output_format.json_schema"
+            held = isinstance(err, InvalidRequest) and err.field in _TOOLS_FORMATS
             if held and plan.format_param:  # a tool's schema, not response_format's
                 raise InvalidRequest(plan.format_param, str(err).split(": ", 1)[1]) from None
             raise

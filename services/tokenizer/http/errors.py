@@ -52,7 +52,7 @@ _FIELDS = [
     (re.compile(r"^prompt(\.text|\.token_ids)?$"), "prompt"),
     (re.compile(r"^output_format\.json_object$"), "response_format"),
     (re.compile(r"^output_format\.json_schema$"), "response_format.json_schema.schema"),
-    (re.compile(r"^output_format\.(regex|choice)$"), r"structured_outputs.\1"),
+    (re.compile(r"^output_format\.(regex|choice|grammar)$"), r"structured_outputs.\1"),
     (re.compile(r"^output_format$"), "response_format"),
 ]
 
