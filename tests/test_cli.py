@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,10 @@ def test_run_holds_its_reply_to_a_format(
     assert code == 0 and set(answer) == {"answer"} and isinstance(answer["answer"], int)
     code, _, err = run_cli(capsys, *model, "--prompt", "x", "--regex", "(")
     assert code == 2 and "--regex: invalid regex" in err and "Traceback" not in err
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "The answer is " [0-9]+ "."')
+    code, out, _ = run_cli(capsys, *model, "--prompt", "What is 2+2?", "--grammar", str(grammar))
+    assert code == 0 and re.fullmatch(r"The answer is [0-9]+\.", json.loads(out)["text"])
     code, _, err = run_cli(capsys, *model, "--prompt", "x", "--json-object", "--ignore-eos")
     assert code == 2 and "--ignore-eos: cannot be used with --json-object" in err
 

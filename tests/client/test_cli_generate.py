@@ -252,21 +252,19 @@ async def test_generate_sends_an_output_format(
     assert (list(got.choices) if kind == "choice" else got) == value
 
 
-async def test_generate_reads_a_json_schema_file(
-    fake: FakeServer, tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flag", "text"), [("--json-schema", '{"type": "integer"}'), ("--grammar", 'root ::= "a"')]
+)
+async def test_generate_reads_a_json_schema_or_grammar_file(
+    fake: FakeServer, tmp_path: pytest.TempPathFactory, flag: str, text: str
 ) -> None:
     fake.servicer.script = lambda _: Script(stream(PIECES))
-    schema = tmp_path / "schema.json"  # type: ignore[operator]
-    schema.write_text('{"type": "integer"}')
+    path = tmp_path / "form"  # type: ignore[operator]
+    path.write_text(text)
     assert (
-        await tandem(
-            "generate", "--server", fake.address, "--prompt", "Hi", "--json-schema", str(schema)
-        )
-        == 0
+        await tandem("generate", "--server", fake.address, "--prompt", "Hi", flag, str(path)) == 0
     )
-    assert fake.servicer.requests[0].output_format.json_schema == '{"type": "integer"}'
-    missing = str(schema) + ".missing"
-    with pytest.raises(InvalidOption, match=f"--json-schema: cannot read {missing}: No such file"):
-        await tandem(
-            "generate", "--server", fake.address, "--prompt", "Hi", "--json-schema", missing
-        )
+    assert getattr(fake.servicer.requests[0].output_format, flag[2:].replace("-", "_")) == text
+    missing = str(path) + ".missing"
+    with pytest.raises(InvalidOption, match=f"{flag}: cannot read {missing}: No such file"):
+        await tandem("generate", "--server", fake.address, "--prompt", "Hi", flag, missing)
