@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import jsonschema
 import llguidance
 import pytest
 from fastapi import FastAPI, Request
@@ -162,14 +163,23 @@ def test_tool_choice_holds_the_output_to_the_calls_json() -> None:
     plan = chat_plan(chat(tools=[CLOCK, WEATHER], tool_choice="required"), "r", "m")
     schema = json.loads(plan.requests[0].output_format.json_schema)
     assert plan.calls is not None and plan.calls.function is None and plan.format_param == "tools"
-    *calls, listed = schema["anyOf"]  # one call, or a list of them
-    assert [c["properties"]["name"]["const"] for c in calls] == ["clock", "weather"]
-    assert listed["type"] == "array" and listed["minItems"] == 1
-    assert listed["items"]["anyOf"] == calls
+    oslo = {"name": "weather", "parameters": {"city": "Oslo"}}
+    jsonschema.validate(oslo, schema)
+    jsonschema.validate([oslo, {"name": "clock", "parameters": {}}], schema)
+    for wrong in (
+        {"name": "radio", "parameters": {}},
+        {"name": "weather", "parameters": {"city": 1}},
+        [],
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
     one = chat_plan(
         chat(tools=[CLOCK, WEATHER], tool_choice="required", parallel_tool_calls=False), "r", "m"
     )
-    assert json.loads(one.requests[0].output_format.json_schema) == {"anyOf": calls}
+    schema = json.loads(one.requests[0].output_format.json_schema)
+    jsonschema.validate(oslo, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([oslo], schema)
     none = chat_plan(chat(tools=[WEATHER], tool_choice="none"), "r", "m")
     assert none.calls is None and none.requests[0].output_format.WhichOneof("format") is None
     assert none.requests[0].chat.tools == ""  # not shown: the model is not to call them
@@ -227,6 +237,47 @@ def test_tool_choice_auto_holds_a_reply_to_text_or_calls(
     assert not whole('{"name": "weather", "parameters": {"city": 3}}')  # against its schema
     assert not whole('{"name":"weather","parameters":{}}')  # JSON as the layout writes it only
     assert not whole("[1, 2]")
+
+
+def test_a_tools_own_definitions_and_references_still_hold(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    """Parameters as pydantic writes them ($defs, $ref, a recursive type): each tool's schema
+    moves under the calls' $defs, its references with it."""
+    tree = {
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string"},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+                },
+                "required": ["label"],
+            }
+        },
+        "type": "object",
+        "properties": {"root": {"$ref": "#/$defs/Node"}, "copy": {"$ref": "#/properties/root"}},
+        "required": ["root"],
+    }
+    shape = {"type": "function", "function": {"name": "draw", "parameters": tree}}
+    plan = chat_plan(chat(tools=[shape, WEATHER], tool_choice="required"), "r", "m")
+    schema = json.loads(plan.requests[0].output_format.json_schema)
+    good = {"name": "draw", "parameters": {"root": {"label": "a", "children": [{"label": "b"}]}}}
+    jsonschema.validate(good, schema)
+    bad = {"name": "draw", "parameters": {"root": {"label": "a", "children": [{"label": 2}]}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            {"name": "draw", "parameters": {"root": {"label": "a"}, "copy": 1}}, schema
+        )
+    _, lltokenizer = vocabulary
+    grammar = compile_format(OutputFormat("json_schema", json.dumps(schema)), lltokenizer)
+    tokenizer, _ = vocabulary
+    matcher = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
+    text = '{"name": "draw", "parameters": {"root": {"label": "a", "children": [{"label": "b"}]}}}'
+    assert matcher.consume_tokens(tokenizer.encode(text, allow_special=False))
+    assert matcher.is_accepting()
 
 
 def test_an_auto_reply_streams_as_text_or_whole_as_calls(

@@ -94,20 +94,7 @@ def _tool_calls(
     request.chat.tools = json.dumps([t.model_dump(exclude_none=True) for t in tools])
     out = request.output_format
     if choice in ("required", "auto"):
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": t.function.name}, "parameters": arguments(t)},
-                "required": ["name", "parameters"],
-                "additionalProperties": False,
-            }
-            for t in tools
-        ]
-        listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-        if body.parallel_tool_calls is False:
-            schema: dict[str, Any] = {"anyOf": calls}
-        else:
-            schema = {"anyOf": [*calls, listed]}
+        schema = _calls_schema([arguments(t) for t in tools], names, body.parallel_tool_calls)
         if choice == "required":
             out.json_schema = json.dumps(schema)
             return Calls(None), "tools"
@@ -124,6 +111,50 @@ def _tool_calls(
     i = names.index(name)
     out.json_schema = json.dumps(arguments(tools[i]))
     return Calls(name), f"tools[{i}].function.parameters"
+
+
+def _calls_schema(
+    parameters: list[dict[str, Any]], names: list[str], parallel: bool | None
+) -> dict[str, Any]:
+    """A call of any of the tools, {"name", "parameters"} held to that tool's schema; unless
+    `parallel` is False, or a list of them. Each tool's schema is written once, under $defs
+    (its own $defs with it, its references made to point there)."""
+    defs: dict[str, Any] = {}
+    for i, (schema, name) in enumerate(zip(parameters, names, strict=True)):
+        own = {**schema}
+        for key in ("$defs", "definitions"):
+            for sub, value in (own.pop(key, None) or {}).items():
+                defs[f"t{i}_{sub}"] = _rebased(value, i)
+        defs[f"t{i}"] = _rebased(own, i)
+        defs[f"call{i}"] = {
+            "type": "object",
+            "properties": {"name": {"const": name}, "parameters": {"$ref": f"#/$defs/t{i}"}},
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+    calls = [{"$ref": f"#/$defs/call{i}"} for i in range(len(names))]
+    listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return {"$defs": defs, "anyOf": calls if parallel is False else [*calls, listed]}
+
+
+def _rebased(schema: Any, i: int) -> Any:
+    """`schema` (part of tool i's parameters) with each reference into its document made to
+    point where _calls_schema puts that document."""
+    if isinstance(schema, list):
+        return [_rebased(v, i) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, i) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        pointer = ref[1:]
+        for key in ("/$defs/", "/definitions/"):
+            if pointer.startswith(key):
+                out["$ref"] = f"#/$defs/t{i}_{pointer[len(key):]}"
+                break
+        else:
+            out["$ref"] = f"#/$defs/t{i}{pointer}"
+    return out
 
 
 def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
