@@ -189,8 +189,9 @@ class Guides:
         self._vocabulary = vocabulary
         self.vocab_size = vocab_size
         # llguidance's threads for a large batch's masks (its own default: 80% of the cores, up
-        # to 32). With one thread they take longer than without llguidance's pool (2 cores).
-        self.threads = threads if threads is not None else min(32, (os.cpu_count() or 1) * 4 // 5)
+        # to 32); two at least: on 2 cores, two took 256 masks in 40% of one's time.
+        cores = os.cpu_count() or 1
+        self.threads = threads if threads is not None else min(32, max(2, cores * 4 // 5))
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._parallel = False  # masks on llguidance's threads (known with the vocabulary)
         self._lock = threading.Lock()
