@@ -280,6 +280,16 @@ def test_a_tools_own_definitions_and_references_still_hold(
     assert matcher.is_accepting()
 
 
+def test_tools_with_a_response_format_are_refused_saying_what_to_give() -> None:
+    """ "auto" is the default with tools: refused, the message says so and what would do."""
+    both = {"tools": [WEATHER], "response_format": {"type": "json_object"}}
+    with pytest.raises(InvalidRequest) as err:
+        chat_plan(chat(**both), "r", "m")
+    assert err.value.field == "tool_choice"
+    assert str(err.value).startswith('tool_choice: "auto" (the default with tools) cannot')
+    assert chat_plan(chat(**both, tool_choice="none"), "r", "m").calls is None
+
+
 def test_an_auto_reply_streams_as_text_or_whole_as_calls(
     vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
 ) -> None:

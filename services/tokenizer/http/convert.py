@@ -82,7 +82,15 @@ def _tool_calls(
     if not tools:
         raise InvalidRequest("tool_choice", "needs tools")
     if request.output_format.WhichOneof("format") is not None:
-        raise InvalidRequest("tool_choice", "cannot be given with response_format")
+        # Both would hold the same reply: calls, and the form (often JSON too).
+        said = json.dumps(choice) if isinstance(choice, str) else "a named function"
+        if body.tool_choice is None:
+            said += " (the default with tools)"
+        raise InvalidRequest(
+            "tool_choice",
+            f"{said} cannot be combined with response_format or structured_outputs: give "
+            '"none", or no tools',
+        )
     names = [t.function.name for t in tools]
     if len(set(names)) < len(names):
         raise InvalidRequest("tools", "two tools have the same name")
