@@ -390,12 +390,14 @@ def test_a_bad_output_format_is_refused_and_nothing_is_held(
         ({"extra_body": {"structured_outputs": {"regex": "(unclosed"}}}, "regex"),
         ({"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}}, ""),
         ({"extra_body": {"structured_outputs": {"grammar": "root ::= ((("}}}, "neither"),
+        ({"extra_body": {"structured_outputs": {"json": {"type": "colour"}}}}, "colour"),
     ]
     params = [
         "response_format.json_schema.schema",
         "structured_outputs.regex",
         "ignore_eos",
         "structured_outputs.grammar",
+        "structured_outputs.json",
     ]
     for (extra, words), param in zip(bad, params, strict=True):
         with pytest.raises(openai.BadRequestError) as err:

@@ -366,7 +366,8 @@ def test_chat_converts_to_the_grpc_request() -> None:
         ),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
-        ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+        ({"structured_outputs": {"json": {}, "json_object": True}}, "structured_outputs"),
         ({"structured_outputs": {"grammar": "root ::= x", "regex": "a"}}, "structured_outputs"),
         ({"structured_outputs": {}}, "structured_outputs"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
@@ -407,6 +408,13 @@ def test_output_formats_become_the_grpc_apis_one_format() -> None:
         ),
         ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),
         ({"structured_outputs": {"grammar": 'root ::= "x"'}}, "grammar", 'root ::= "x"'),
+        ({"structured_outputs": {"json": schema}}, "json_schema", json.dumps(schema)),
+        (
+            {"structured_outputs": {"json": '{"type": "string"}'}},
+            "json_schema",
+            '{"type": "string"}',
+        ),
+        ({"structured_outputs": {"json_object": True}}, "json_object", True),
     ]
     for extra, kind, value in forms:
         (request,) = chat_plan(chat(**extra), "r", "m").requests

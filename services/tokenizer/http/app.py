@@ -58,8 +58,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-# The output formats a request's tools become (tool_choice "required" or named; "auto").
-_TOOLS_FORMATS = ("output_format.json_schema", "output_format.grammar")
+# The output formats whose errors name the plan's format_param where it has one: a tool's
+# schema ("required", a named function; "auto", a grammar), structured_outputs.json.
+_NAMED_ELSEWHERE = ("output_format.json_schema", "output_format.grammar")
 
 
 class _RequestId:
@@ -179,8 +180,8 @@ def create_app(
             out.on_prompts(await until_disconnected(request, generations.start()))
         except BaseException as err:
             await generations.aclose()
-            held = isinstance(err, InvalidRequest) and err.field in _TOOLS_FORMATS
-            if held and plan.format_param:  # a tool's schema, not response_format's
+            held = isinstance(err, InvalidRequest) and err.field in _NAMED_ELSEWHERE
+            if held and plan.format_param:  # a tool's schema, or structured_outputs.json
                 raise InvalidRequest(plan.format_param, str(err).split(": ", 1)[1]) from None
             raise
         if plan.stream:

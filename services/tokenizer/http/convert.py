@@ -42,7 +42,7 @@ class Plan:
     chat: bool  # answered as chat completions, or else as (text) completions
     calls: Calls | None = None  # the output is tool calls, held to their schema
     # The parameter an error in the output format names, where it did not come from
-    # response_format (a tool's parameters).
+    # response_format (a tool's parameters, structured_outputs.json).
     format_param: str | None = None
 
 
@@ -68,7 +68,7 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
     plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
     calls, param = _tool_calls(body, request)
-    return dataclasses.replace(plan, calls=calls, format_param=param)
+    return dataclasses.replace(plan, calls=calls, format_param=param or plan.format_param)
 
 
 def _tool_calls(
@@ -256,7 +256,14 @@ def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) 
         continuous_usage=bool(options and options.continuous_usage_stats),
         top_logprobs=top,
         chat=isinstance(body, ChatCompletionRequest),
+        format_param=_json_param(body),
     )
+
+
+def _json_param(body: _Sampling) -> str | None:
+    """What an error in a JSON Schema names where vLLM's structured_outputs gave it."""
+    extra = body.structured_outputs
+    return "structured_outputs.json" if extra is not None and extra.json_ is not None else None
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -339,14 +346,19 @@ def _add_output_format(out: pb.OutputFormat, body: _Sampling) -> None:
             out.json_schema = json.dumps(schema)
     if extra is None:
         return
-    for name in ("json", "json_object", "structural_tag"):
-        if getattr(extra, name if name != "json" else "json_") is not None:
-            hint = ": JSON goes in response_format" if name.startswith("json") else ""
-            raise InvalidRequest(f"structured_outputs.{name}", f"is not supported{hint}")
-    given = [name for name in ("regex", "choice", "grammar") if getattr(extra, name) is not None]
-    if len(given) != 1:
-        raise InvalidRequest("structured_outputs", "give one of regex, choice or grammar")
-    if extra.regex is not None:
+    if extra.structural_tag is not None:
+        raise InvalidRequest("structured_outputs.structural_tag", "is not supported")
+    forms = ("json_", "json_object", "regex", "choice", "grammar")
+    if sum(getattr(extra, name) not in (None, False) for name in forms) != 1:
+        raise InvalidRequest(
+            "structured_outputs", "give one of json, json_object, regex, choice or grammar"
+        )
+    if extra.json_ is not None:
+        given = extra.json_
+        out.json_schema = given if isinstance(given, str) else json.dumps(given)
+    elif extra.json_object:
+        out.json_object = True
+    elif extra.regex is not None:
         out.regex = extra.regex
     elif extra.grammar is not None:
         out.grammar = extra.grammar

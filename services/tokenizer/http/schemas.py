@@ -48,8 +48,7 @@ class StructuredOutputs(_Request):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None  # Lark (llguidance's dialect) or GBNF
-    # vLLM's other forms, refused by name in convert.py (JSON: use response_format).
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")  # a JSON Schema
     json_object: bool | None = None
     structural_tag: str | None = None
 
@@ -125,7 +124,7 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     best_of: Int32 | None = None  # refused above 1
     response_format: ResponseFormat | None = None  # text, json_object or json_schema
-    structured_outputs: StructuredOutputs | None = None  # vLLM's: a regex, choice or grammar
+    structured_outputs: StructuredOutputs | None = None  # vLLM's forms
 
 
 class ChatCompletionRequest(_Sampling):
