@@ -280,6 +280,38 @@ def test_a_tools_own_definitions_and_references_still_hold(
     assert matcher.is_accepting()
 
 
+def test_a_tools_descriptions_stay_out_of_its_grammar_but_a_property_so_named_stays() -> None:
+    note = {
+        "type": "function",
+        "function": {
+            "name": "note",
+            "description": "Write a note.",
+            "parameters": {
+                "type": "object",
+                "title": "Note",
+                "properties": {
+                    "description": {"type": "string", "description": "What the note says."},
+                    "tags": {"type": "array", "items": {"enum": ["a", "b"], "title": "Tag"}},
+                },
+                "required": ["description"],
+            },
+        },
+    }
+    plan = chat_plan(chat(tools=[note], tool_choice="required"), "r", "m")
+    text = plan.requests[0].output_format.json_schema
+    schema = json.loads(text)
+    assert "What the note says." not in text and '"title"' not in text
+    assert "What the note says." in plan.requests[0].chat.tools  # the model reads them there
+    call = {"name": "note", "parameters": {"description": "milk", "tags": ["a"]}}
+    jsonschema.validate(call, schema)
+    for wrong in (
+        {**call, "parameters": {"tags": ["a"]}},
+        {**call, "parameters": {"description": "x", "tags": ["c"]}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
+
+
 def test_tools_with_a_response_format_are_refused_saying_what_to_give() -> None:
     """ "auto" is the default with tools: refused, the message says so and what would do."""
     both = {"tools": [WEATHER], "response_format": {"type": "json_object"}}

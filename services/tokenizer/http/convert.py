@@ -26,6 +26,19 @@ from tandem.v1 import generation_pb2 as pb
 _FLOAT32_MAX = 3.4028234663852886e38
 MAX_PROMPTS = 64  # prompts of one completions request
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+# JSON Schema's keywords by what their values are: annotations, which hold nothing; maps of
+# names to schemas; lists of schemas; a schema.
+_ANNOTATIONS = frozenset({"title", "description", "examples", "$comment", "default", "deprecated"})
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+_SCHEMA_VALUES = frozenset(
+    {
+        "items", "additionalProperties", "not", "if", "then", "else", "contains",
+        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
+    }
+)  # fmt: skip
 _NOT_JSON = "TEXT: /[^\\[{][\\s\\S]*/"  # a reply that does not begin as calls do
 
 
@@ -147,18 +160,28 @@ def _calls_schema(
 
 def _rebased(schema: Any, i: int) -> Any:
     """`schema` (part of tool i's parameters) with each reference into its document made to
-    point where _calls_schema puts that document."""
-    if isinstance(schema, list):
-        return [_rebased(v, i) for v in schema]
+    point where _calls_schema puts that document, and without the keywords that hold nothing
+    (descriptions, titles: the model reads them in the tools, the grammar need not carry them)."""
     if not isinstance(schema, dict):
-        return schema
-    out = {k: _rebased(v, i) for k, v in schema.items()}
+        return schema  # true or false
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ANNOTATIONS:
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rebased(v, i) for name, v in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_rebased(v, i) for v in value]
+        elif key in _SCHEMA_VALUES:
+            out[key] = _rebased(value, i)
+        else:
+            out[key] = value  # data: enum, const, required, bounds
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         pointer = ref[1:]
         for key in ("/$defs/", "/definitions/"):
             if pointer.startswith(key):
-                out["$ref"] = f"#/$defs/t{i}_{pointer[len(key):]}"
+                out["$ref"] = f"#/$defs/t{i}_{pointer[len(key) :]}"
                 break
         else:
             out["$ref"] = f"#/$defs/t{i}{pointer}"
