@@ -7,10 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from engine.errors import InvalidRequest
-from engine.guided import JSON_LAYOUT
 from services.errors import NotFound
 from services.tokenizer.http.schemas import (
     ChatCompletionRequest,
@@ -18,28 +16,14 @@ from services.tokenizer.http.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    Tool,
     _Sampling,
 )
+from services.tokenizer.http.tool_calls import Calls, tool_calls
 from tandem.v1 import generation_pb2 as pb
 
 _FLOAT32_MAX = 3.4028234663852886e38
 MAX_PROMPTS = 64  # prompts of one completions request
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
-# JSON Schema's keywords by what their values are: annotations, which hold nothing; maps of
-# names to schemas; lists of schemas; a schema.
-_ANNOTATIONS = frozenset({"title", "description", "examples", "$comment", "default", "deprecated"})
-_SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
-_SCHEMA_VALUES = frozenset(
-    {
-        "items", "additionalProperties", "not", "if", "then", "else", "contains",
-        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
-    }
-)  # fmt: skip
-_NOT_JSON = "TEXT: /[^\\[{][\\s\\S]*/"  # a reply that does not begin as calls do
 
 
 @dataclass(frozen=True)
@@ -59,17 +43,6 @@ class Plan:
     format_param: str | None = None
 
 
-@dataclass(frozen=True)
-class Calls:
-    """How a held output becomes tool calls: `function` named by tool_choice, the output being
-    its arguments; or None, the output a {"name", "parameters"} object or a JSON list of them
-    (tool_choice "required"), or else text (tool_choice "auto": a reply that begins with "{"
-    or "[" is calls, held to their schemas; any other is text)."""
-
-    function: str | None
-    auto: bool = False
-
-
 def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
     _refuse_unsupported_chat(body)
     request = _common(body, request_id, model_name)
@@ -80,112 +53,8 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
     plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
-    calls, param = _tool_calls(body, request)
+    calls, param = tool_calls(body, request)
     return dataclasses.replace(plan, calls=calls, format_param=param or plan.format_param)
-
-
-def _tool_calls(
-    body: ChatCompletionRequest, request: pb.GenerateRequest
-) -> tuple[Calls | None, str | None]:
-    """tools and tool_choice as an output format: the calls' JSON, held to their schemas."""
-    tools = body.tools or []
-    choice = body.tool_choice or ("auto" if tools else "none")
-    if choice == "none":
-        return None, None
-    if not tools:
-        raise InvalidRequest("tool_choice", "needs tools")
-    if request.output_format.WhichOneof("format") is not None:
-        # Both would hold the same reply: calls, and the form (often JSON too).
-        said = json.dumps(choice) if isinstance(choice, str) else "a named function"
-        if body.tool_choice is None:
-            said += " (the default with tools)"
-        raise InvalidRequest(
-            "tool_choice",
-            f"{said} cannot be combined with response_format or structured_outputs: give "
-            '"none", or no tools',
-        )
-    names = [t.function.name for t in tools]
-    if len(set(names)) < len(names):
-        raise InvalidRequest("tools", "two tools have the same name")
-
-    def arguments(tool: Tool) -> dict[str, Any]:
-        return tool.function.parameters or {"type": "object", "properties": {}}
-
-    # A template that renders tools shows them to the model (the default model's has no place).
-    request.chat.tools = json.dumps([t.model_dump(exclude_none=True) for t in tools])
-    out = request.output_format
-    if choice in ("required", "auto"):
-        schema = _calls_schema([arguments(t) for t in tools], names, body.parallel_tool_calls)
-        if choice == "required":
-            out.json_schema = json.dumps(schema)
-            return Calls(None), "tools"
-        # Text, or calls: a reply's first character says which.
-        schema["x-guidance"] = JSON_LAYOUT
-        out.grammar = f"start: TEXT | calls\ncalls: %json {json.dumps(schema)}\n{_NOT_JSON}\n"
-        return Calls(None, auto=True), "tools"
-    assert not isinstance(choice, str)
-    name = choice.function.name
-    if name not in names:
-        raise InvalidRequest(
-            "tool_choice.function.name", f"{name!r} is none of the tools ({', '.join(names)})"
-        )
-    i = names.index(name)
-    out.json_schema = json.dumps(arguments(tools[i]))
-    return Calls(name), f"tools[{i}].function.parameters"
-
-
-def _calls_schema(
-    parameters: list[dict[str, Any]], names: list[str], parallel: bool | None
-) -> dict[str, Any]:
-    """A call of any of the tools, {"name", "parameters"} held to that tool's schema; unless
-    `parallel` is False, or a list of them. Each tool's schema is written once, under $defs
-    (its own $defs with it, its references made to point there)."""
-    defs: dict[str, Any] = {}
-    for i, (schema, name) in enumerate(zip(parameters, names, strict=True)):
-        own = {**schema}
-        for key in ("$defs", "definitions"):
-            for sub, value in (own.pop(key, None) or {}).items():
-                defs[f"t{i}_{sub}"] = _rebased(value, i)
-        defs[f"t{i}"] = _rebased(own, i)
-        defs[f"call{i}"] = {
-            "type": "object",
-            "properties": {"name": {"const": name}, "parameters": {"$ref": f"#/$defs/t{i}"}},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-    calls = [{"$ref": f"#/$defs/call{i}"} for i in range(len(names))]
-    listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-    return {"$defs": defs, "anyOf": calls if parallel is False else [*calls, listed]}
-
-
-def _rebased(schema: Any, i: int) -> Any:
-    """`schema` (part of tool i's parameters) with each reference into its document made to
-    point where _calls_schema puts that document, and without the keywords that hold nothing
-    (descriptions, titles: the model reads them in the tools, the grammar need not carry them)."""
-    if not isinstance(schema, dict):
-        return schema  # true or false
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _ANNOTATIONS:
-            continue
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rebased(v, i) for name, v in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            out[key] = [_rebased(v, i) for v in value]
-        elif key in _SCHEMA_VALUES:
-            out[key] = _rebased(value, i)
-        else:
-            out[key] = value  # data: enum, const, required, bounds
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        pointer = ref[1:]
-        for key in ("/$defs/", "/definitions/"):
-            if pointer.startswith(key):
-                out["$ref"] = f"#/$defs/t{i}_{pointer[len(key) :]}"
-                break
-        else:
-            out["$ref"] = f"#/$defs/t{i}{pointer}"
-    return out
 
 
 def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
