@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.tokenizer import Tokenizer
 from services.tokenizer.http.convert import Plan
+from services.tokenizer.http.tool_calls import begins_as_calls
 from tandem.v1 import generation_pb2 as pb
 
 
@@ -109,7 +110,7 @@ class Output:
             calls = self.plan.calls
             if calls is not None and calls.auto and not choice.decided and msg.text:
                 # "auto": a reply is calls or text from its first character (its grammar's).
-                choice.held, choice.decided = _begins_as_calls(msg.text), True
+                choice.held, choice.decided = begins_as_calls(msg.text), True
             body["delta"] = {"content": msg.text} if msg.text else {}
             if choice.held:
                 # The calls are sent whole, once their JSON is: held until the end.
@@ -164,27 +165,20 @@ class Output:
         """A chat reply's message and finish reason: with tool calls asked for, a text that
         ended by itself is the calls (held to their JSON); one cut short stays text."""
         calls = self.plan.calls
-        if calls is None or finish != "stop":
+        functions = calls.read(text) if calls is not None and finish == "stop" else None
+        if functions is None:
             return {"role": "assistant", "content": text}, finish
-        if calls.function is not None:
-            named = [{"name": calls.function, "arguments": text}]
-            # OpenAI ends a call that tool_choice named with "stop".
-            return {"role": "assistant", "content": None, "tool_calls": _tool_calls(named)}, finish
-        if calls.auto and not _begins_as_calls(text):
-            return {"role": "assistant", "content": text}, finish
-        try:
-            parsed = json.loads(text)
-            listed = [
-                {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}
-                for c in (parsed if isinstance(parsed, list) else [parsed])
-            ]
-        except (ValueError, TypeError, KeyError):  # a stop string cut it: it stays text
-            return {"role": "assistant", "content": text}, finish
+        assert calls is not None
+        listed = [
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": f}
+            for f in functions
+        ]
+        # OpenAI ends a call that tool_choice named with "stop".
         return {
             "role": "assistant",
             "content": None,
-            "tool_calls": _tool_calls(listed),
-        }, "tool_calls"
+            "tool_calls": listed,
+        }, "stop" if calls.function is not None else "tool_calls"
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
@@ -213,14 +207,3 @@ class Output:
             ],
             "text_offset": list(itertools.accumulate(map(len, texts), initial=0))[:-1],
         }
-
-
-def _begins_as_calls(text: str) -> bool:
-    return text[:1] in ("{", "[")
-
-
-def _tool_calls(functions: list[dict[str, str]]) -> list[dict[str, Any]]:
-    return [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": f}
-        for f in functions
-    ]

@@ -38,6 +38,27 @@ class Calls:
     function: str | None
     auto: bool = False
 
+    def read(self, text: str) -> list[dict[str, str]] | None:
+        """The functions called (each {"name", "arguments"}, the arguments as JSON text) by a
+        reply that ended by itself; None where it is text (or a stop string cut it)."""
+        if self.function is not None:
+            return [{"name": self.function, "arguments": text}]
+        if self.auto and not begins_as_calls(text):
+            return None
+        try:
+            parsed = json.loads(text)
+            return [
+                {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}
+                for c in (parsed if isinstance(parsed, list) else [parsed])
+            ]
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def begins_as_calls(text: str) -> bool:
+    """Whether a reply held by tool_choice "auto" is calls: its first character says."""
+    return text[:1] in ("{", "[")
+
 
 def tool_calls(
     body: ChatCompletionRequest, request: pb.GenerateRequest
