@@ -251,7 +251,7 @@ class Guides:
                 vocabulary = self._vocabulary()
                 self._tokenizer = grammar_tokenizer(vocabulary, self.vocab_size)
                 # Threads that call back into Python for each mask wait on each other for the
-                # GIL: 256 rows took 3x the loop's time on 2 threads.
+                # GIL: 256 rows took twice the loop's time on 2 threads (bench/guided_masks.py).
                 self._parallel = self.threads > 1 and native(vocabulary)
             return self._tokenizer
 

@@ -30,8 +30,8 @@ def check_text(text: str, field: str) -> None:
 
 def with_tools(messages: Sequence[Message], tools: list[Any]) -> list[Message]:
     """`messages` with the tools and how to call them told in the system message (one is put
-    first where there is none), in the words of LLaMA 3.1's template: for a chat template that
-    has no place for tools, as TGI does."""
+    first where there is none), the call in the form LLaMA 3.1's template asks for: for a chat
+    template that has no place for tools, as TGI does."""
     listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     told = (
         f"You can call these functions:\n{listed}\n\nTo call one, reply with JSON alone, in the "
