@@ -397,6 +397,16 @@ def test_chat_converts_to_the_grpc_request() -> None:
             "tool_choice",
         ),
         ({"functions": [{"name": "f"}]}, "functions"),
+        (
+            {
+                "tools": [
+                    WEATHER,
+                    {**CLOCK, "function": {"name": "c", "parameters": {"$defs": [1]}}},
+                ],
+                "tool_choice": "required",
+            },
+            "tools[1].function.parameters.$defs",
+        ),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
         ({"structured_outputs": {"json": {}, "json_object": True}}, "structured_outputs"),

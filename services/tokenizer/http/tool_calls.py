@@ -120,7 +120,10 @@ def _calls_schema(
     for i, (schema, name) in enumerate(zip(parameters, names, strict=True)):
         own = {**schema}
         for key in ("$defs", "definitions"):
-            for sub, value in (own.pop(key, None) or {}).items():
+            held = own.pop(key, None) or {}
+            if not isinstance(held, dict):
+                raise InvalidRequest(f"tools[{i}].function.parameters.{key}", "is not an object")
+            for sub, value in held.items():
                 defs[f"t{i}_{sub}"] = _rebased(value, i)
         defs[f"t{i}"] = _rebased(own, i)
         defs[f"call{i}"] = {
