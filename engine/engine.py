@@ -23,6 +23,7 @@ from engine.loader import LoadedModel, load_model
 from engine.memory import activation_reserve, check_kv_pool_fits
 from engine.native_decode import NativeDecoder
 from engine.piecewise_graphs import PiecewiseGraphs
+from engine.prompt_scores import PromptScorer, scores_prompt
 from engine.sampling import Sampler
 from engine.sampling_params import SamplingParams
 from engine.step_checks import StepChecks
@@ -100,6 +101,7 @@ class Engine:
         total = num_kv_blocks + 1 if on_cuda else num_kv_blocks
         self.kv = KVCache(local, total, block_size, kv_cache_dtype or self.dtype, self.device)
         self.sampler = Sampler()
+        self.prompt_scorer = PromptScorer(self.model.logits)
         # Only for sequences whose sampling reads them (penalties, a grammar).
         self._histories: dict[Hashable, list[int]] = {}
         # The matchers of sequences held to a grammar; None: this engine has no tokenizer to
@@ -246,6 +248,7 @@ class Engine:
             self.followers.send_release(ids)
         for seq_id in ids:
             self._histories.pop(seq_id, None)
+            self.prompt_scorer.release(seq_id)
             if self.guides is not None:
                 self.guides.release(seq_id)
 
@@ -337,8 +340,11 @@ class Engine:
         last, self._last = self._last, None
         fill = Fill.of(batch, last, self.device)
         ahead, self._ahead = self._ahead, None
-        graphed = self._graph_outputs(batch, ahead, fill, before_launch)  # decodes, in a graph
+        # A prompt to score needs the hidden states of its rows, which a graph does not keep.
+        scoring = any(scores_prompt(s) for s in batch)
+        graphed = None if scoring else self._graph_outputs(batch, ahead, fill, before_launch)
         hidden = self.forward(batch, fill, before_launch) if graphed is None else None  # (T, dim)
+        scores = self.prompt_scorer.score(batch, hidden) if scoring and hidden is not None else []
         if last is not None and any(
             FROM_LAST_STEP in s.token_ids and s.sampling.needs_history for s in batch
         ):
@@ -349,7 +355,7 @@ class Engine:
         histories = [self._update_history(s) for s in batch]
         sampled = [i for i, s in enumerate(batch) if s.sample]
         if not sampled:
-            return Submitted([], torch.empty(0, 2), 0)
+            return Submitted([], torch.empty(0, 2), 0, prompt_scores=scores)
         seqs = [batch[i] for i in sampled]
         if (
             graphed is not None
@@ -383,7 +389,7 @@ class Engine:
                 self._allowed(seqs, sampled_histories, logits.shape[-1]),
             )
             packed, tokens, n_top = out.packed(), out.token_ids, out.n_top
-        submitted = Submitted(seqs, packed, n_top)
+        submitted = Submitted(seqs, packed, n_top, prompt_scores=scores)
         if packed.is_cuda:
             # The step's one host sync (in collect): ids, logprobs and alternatives come back
             # in one transfer.

@@ -36,6 +36,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # What the output is held to (engine/guided.py compiles it; "" is free text).
     grammar: str = ""
+    # Score the prompt too: each prompt token's logprob and rank given the tokens before it,
+    # with this many top alternatives (vLLM's prompt_logprobs). None: the prompt is not scored.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -47,6 +50,11 @@ class SamplingParams:
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "in [-2, 2]"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
             ("logprobs", 0 <= self.logprobs <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
+            (
+                "prompt_logprobs",
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                f"in [0, {MAX_LOGPROBS}]",
+            ),
             ("seed", self.seed is None or 0 <= self.seed < 2**63, "in [0, 2**63)"),
             ("min_tokens", self.min_tokens >= 0, ">= 0"),
             ("logit_bias", len(self.logit_bias) <= MAX_LOGIT_BIAS, f"at most {MAX_LOGIT_BIAS} ids"),

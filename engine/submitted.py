@@ -14,6 +14,7 @@ import torch
 
 from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.errors import InvalidRequest
+from engine.prompt_scores import PendingScores
 from engine.upload import to_device
 
 if TYPE_CHECKING:  # imports Triton: only on CUDA
@@ -29,6 +30,8 @@ class Submitted:
     n_top: int
     done: torch.cuda.Event | None = None  # recorded after the copy to the host; None on CPU
     ahead: StepAhead | None = None  # the step after it, replayed ahead; told its tokens
+    # Its prefill rows' prompt logprobs (SamplingParams.prompt_logprobs); read after collect.
+    prompt_scores: list[PendingScores] = dataclasses.field(default_factory=list)
 
 
 @dataclass

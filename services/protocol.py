@@ -214,7 +214,12 @@ def decode_outcome(outcome: hp.StepOutcome) -> tuple[StepResult, TopLogprobs]:
 
 
 # The sampling fields that cross as they are (not seed, logit_bias or stop_token_ids).
-_SCALARS = set(hp.Sampling.DESCRIPTOR.fields_by_name) - {"seed", "logit_bias", "stop_token_ids"}
+_SCALARS = set(hp.Sampling.DESCRIPTOR.fields_by_name) - {
+    "seed",
+    "logit_bias",
+    "stop_token_ids",
+    "prompt_logprobs",
+}
 
 
 def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
@@ -225,6 +230,8 @@ def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
     )
     if params.seed is not None:
         msg.seed = params.seed
+    if params.prompt_logprobs is not None:
+        msg.prompt_logprobs = params.prompt_logprobs
     return msg
 
 
@@ -237,4 +244,5 @@ def sampling_from_pb(msg: hp.Sampling) -> SamplingParams:
         seed=msg.seed if msg.HasField("seed") else None,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         stop_token_ids=tuple(msg.stop_token_ids),
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )

@@ -1,0 +1,119 @@
+"""Prompt logprobs (SamplingParams.prompt_logprobs): each prompt token's logprob and rank given
+the tokens before it, from the hidden states of the prefill chunks that hold it.
+
+The token at position t is scored by the row at t - 1. A chunk's own rows score every token of
+it but its first; the first is scored by the last row of the chunk before, which is kept here
+(one hidden row per sequence in the middle of its prompt) until that chunk comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.batch import SeqInput
+from engine.upload import to_device
+
+# Logits are made for this many rows at a time: a whole 2,048-token chunk's would be a
+# (2048, vocab) fp32 block, a gigabyte for LLaMA-3's vocabulary.
+ROWS_AT_ONCE = 256
+
+
+@dataclass
+class PromptLogprobs:
+    """The scored prompt tokens of one chunk: positions start, start + 1, ..."""
+
+    seq_id: Hashable
+    start: int
+    logprobs: list[float]
+    ranks: list[int]  # 1: the model's most likely token at that position
+    top: list[list[tuple[int, float]]]  # prompt_logprobs alternatives a token, best first
+
+
+@dataclass
+class PendingScores:
+    """A chunk's scores on the device, read on the host once the step is done."""
+
+    seq_id: Hashable
+    start: int
+    logprobs: torch.Tensor  # (N,) float32
+    ranks: torch.Tensor  # (N,) int64
+    top_ids: torch.Tensor  # (N, n) int64
+    top_logprobs: torch.Tensor  # (N, n) float32
+
+    def to_host(self) -> PromptLogprobs:
+        ids, lps = self.top_ids.tolist(), self.top_logprobs.tolist()
+        return PromptLogprobs(
+            self.seq_id,
+            self.start,
+            self.logprobs.tolist(),
+            self.ranks.tolist(),
+            [list(zip(i, lp, strict=True)) for i, lp in zip(ids, lps, strict=True)],
+        )
+
+
+def scores_prompt(seq: SeqInput) -> bool:
+    """Whether this row is a prefill chunk whose prompt tokens are to be scored."""
+    return seq.sampling.prompt_logprobs is not None and seq.start_pos < seq.prompt_len
+
+
+class PromptScorer:
+    def __init__(self, logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """logits: (N, dim) final hidden states → (N, vocab) fp32 (the model's head)."""
+        self._logits = logits
+        # seq id → (position, hidden row) of the last row of a chunk that ended inside the prompt.
+        self._held: dict[Hashable, tuple[int, torch.Tensor]] = {}
+
+    def score(self, batch: Sequence[SeqInput], hidden: torch.Tensor) -> list[PendingScores]:
+        """hidden: the step's (T, dim) final hidden states, the rows of `batch` in order."""
+        out = []
+        offset = 0
+        for seq in batch:
+            n = len(seq.token_ids)
+            if scores_prompt(seq):
+                pending = self._score(seq, hidden[offset : offset + n])
+                if pending is not None:
+                    out.append(pending)
+            offset += n
+        return out
+
+    def release(self, seq_id: Hashable) -> None:
+        self._held.pop(seq_id, None)
+
+    def _score(self, seq: SeqInput, rows: torch.Tensor) -> PendingScores | None:
+        start, n, prompt_len = seq.start_pos, len(seq.token_ids), seq.prompt_len
+        held = self._held.pop(seq.seq_id, None)
+        if start + n < prompt_len:  # the next chunk's first token is scored by this last row
+            self._held[seq.seq_id] = (start + n - 1, rows[n - 1].clone())
+        # Tokens at positions first..end-1 are scored: the first has nothing before it, and
+        # positions from prompt_len on are output tokens (a resumed sequence re-prefills them).
+        first, end = max(start, 1), min(start + n, prompt_len)
+        if first == start and (held is None or held[0] != start - 1):
+            first += 1  # the row before this chunk is not known here (it was never computed)
+        if first >= end:
+            return None
+        if first == start:  # the held row, then this chunk's rows
+            assert held is not None
+            before = torch.cat([held[1][None], rows[: end - 1 - start]])
+        else:
+            before = rows[first - 1 - start : end - 1 - start]
+        targets = to_device(list(seq.token_ids[first - start : end - start]), rows.device)
+        top_n = seq.sampling.prompt_logprobs or 0
+        parts = [
+            self._chunk(before[a : a + ROWS_AT_ONCE], targets[a : a + ROWS_AT_ONCE], top_n)
+            for a in range(0, len(targets), ROWS_AT_ONCE)
+        ]
+        lp, ranks, top_ids, top_lp = (torch.cat(column) for column in zip(*parts, strict=True))
+        return PendingScores(seq.seq_id, first, lp, ranks, top_ids, top_lp)
+
+    def _chunk(
+        self, hidden: torch.Tensor, targets: torch.Tensor, top_n: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self._logits(hidden)  # (R, V) fp32
+        norm = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(1, targets[:, None])  # (R, 1)
+        ranks = (logits > chosen).sum(dim=-1) + 1
+        values, ids = logits.topk(top_n, dim=-1)  # top_n 0: empty (R, 0)
+        return chosen[:, 0] - norm, ranks, ids, values - norm[:, None]
