@@ -68,6 +68,9 @@ class GenerateOptions(TypedDict, total=False):
     priority: int
     session_id: str
     logprobs: int
+    # Score the prompt: each of its tokens from the second on gets its logprob, rank and this
+    # many alternatives (GenerationResult.prompt_logprobs); None: not scored.
+    prompt_logprobs: int | None
     model: str
     request_id: str
     # Call options: seconds until the gRPC deadline, and extra metadata (e.g. a traceparent).
@@ -173,10 +176,27 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class PromptTokenLogprob:
+    """A prompt token, scored given the tokens before it."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1: the model's most likely token there
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def from_pb(cls, msg: pb.PromptTokenLogprob) -> PromptTokenLogprob:
+        top = tuple((t.token_id, t.logprob) for t in msg.top_logprobs)
+        return cls(msg.token_id, msg.logprob, msg.rank, top)
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    # With a sequence's first tokens, where the prompt was scored: its tokens from the second on.
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] = ()
     finish_reason: str | None = None  # set on the last delta only, with usage
     usage: Usage | None = None
     index: int = 0  # which of the request's n sequences
@@ -188,6 +208,7 @@ class Delta:
             text=msg.text,
             token_ids=tuple(msg.token_ids),
             logprobs=tuple(TokenLogprob.from_pb(t) for t in msg.logprobs),
+            prompt_logprobs=tuple(PromptTokenLogprob.from_pb(t) for t in msg.prompt_logprobs),
             finish_reason=msg.finish_reason or None,
             usage=Usage.from_pb(msg.usage) if msg.finish_reason else None,
         )
@@ -222,6 +243,8 @@ class GenerationResult:
     prompt_token_ids: list[int] = field(default_factory=list)
     n: int = 1
     choices: list[Choice] = field(default_factory=list)
+    # Where prompt_logprobs was asked for: one per prompt token from the second on.
+    prompt_logprobs: list[PromptTokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.choices = [Choice() for _ in range(self.n)]
@@ -259,6 +282,7 @@ class GenerationResult:
         if not 0 <= delta.index < len(self.choices):
             raise TandemError(grpc.StatusCode.INTERNAL, f"a delta of sequence {delta.index}")
         self.choices[delta.index].add(delta)
+        self.prompt_logprobs.extend(delta.prompt_logprobs)
         return delta
 
     def check_finished(self) -> None:

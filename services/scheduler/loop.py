@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.errors import CannotStart, InvalidArgument, ResourceExhausted, Unavailable
@@ -187,7 +187,7 @@ class StepLoop:
             result, top = decode_outcome(outcome)
         except ValueError as err:
             raise WorkerGone(f"step {outcome.step_id}: {err}") from err
-        self._route(core.update(plan, result), top, outcome.step_id)
+        self._route(core.update(plan, result), top, outcome.step_id, outcome.prompt_logprobs)
         self.wake.set()
 
     async def _worker_lost(self, why: str) -> None:
@@ -249,22 +249,41 @@ class StepLoop:
 
     # -- events to tokenizers ------------------------------------------------------------
 
-    def _route(self, events: list[Event], top: TopLogprobs | None = None, step_id: int = 0) -> None:
-        if not events:
+    def _route(
+        self,
+        events: list[Event],
+        top: TopLogprobs | None = None,
+        step_id: int = 0,
+        prompts: Sequence[hp.PromptLogprobs] = (),
+    ) -> None:
+        """prompts: the step's scored prompt tokens, which go with the events of their requests
+        (before any that finishes a request)."""
+        if not events and not prompts:
             return
         self.telemetry.on_events(events)
         batches: dict[str, hp.EventBatch] = {}
         entries: dict[int, hp.RequestEvents] = {}
-        for event in events:
-            record = self.records.get(event.seq_id)
-            if record is None or not isinstance(event, Token | Finished | Scheduled):
-                continue
-            e = entries.get(event.seq_id)
+
+        def entry(seq_id: int, record: RequestRecord) -> hp.RequestEvents:
+            e = entries.get(seq_id)
             if e is None:
                 batch = batches.get(record.tokenizer_id)
                 if batch is None:
                     batch = batches[record.tokenizer_id] = hp.EventBatch(step_id=step_id)
-                e = entries[event.seq_id] = batch.requests.add(request_id=record.request_id)
+                e = entries[seq_id] = batch.requests.add(request_id=record.request_id)
+            return e
+
+        for scores in prompts:
+            record = self.records.get(scores.seq_id)
+            if record is not None:
+                e = entry(scores.seq_id, record)
+                e.prompt_logprobs.CopyFrom(scores)
+                e.prompt_logprobs.ClearField("seq_id")
+        for event in events:
+            record = self.records.get(event.seq_id)
+            if record is None or not isinstance(event, Token | Finished | Scheduled):
+                continue
+            e = entry(event.seq_id, record)
             if isinstance(event, Token):
                 e.token_ids.append(event.token_id)
                 e.logprobs.append(event.logprob)

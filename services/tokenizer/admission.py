@@ -105,7 +105,12 @@ class Admission:
         if sampling.min_tokens:
             sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop_ids)))
         queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()
-        streams = [TextStream(self.tokenizer, spec, stop_ids) for _ in ids]
+        # The first sequence scores the prompt for all (the others then share its blocks).
+        scored = prompt_ids if sampling.prompt_logprobs is not None else None
+        streams = [
+            TextStream(self.tokenizer, spec, stop_ids, scored if i == 0 else None)
+            for i in range(len(ids))
+        ]
         submitted: list[str] = []
         done: set[int] = set()
         template = spb.SubmitRequest(
@@ -295,6 +300,8 @@ async def off_the_loop_if_long(size: int, work: Callable[[], _T]) -> _T:
 
 def _nth(sampling: SamplingParams, i: int) -> SamplingParams:
     """Sequence i's sampling: its own seed when seeded, so n seeded sequences differ."""
-    if i == 0 or sampling.seed is None:
+    if i == 0:
         return sampling
-    return dataclasses.replace(sampling, seed=(sampling.seed + i) % 2**63)
+    seed = None if sampling.seed is None else (sampling.seed + i) % 2**63
+    # The first sequence scores the prompt (prompt_logprobs): the others need not.
+    return dataclasses.replace(sampling, seed=seed, prompt_logprobs=None)

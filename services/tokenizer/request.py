@@ -79,9 +79,10 @@ def _sampling(req: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
             logprobs=req.logprobs,
             logit_bias=tuple(sorted(s.logit_bias.items())),
             min_tokens=req.min_tokens,
+            prompt_logprobs=req.prompt_logprobs if req.HasField("prompt_logprobs") else None,
         )
     except InvalidRequest as err:
-        top_level = err.field in ("logprobs", "min_tokens")
+        top_level = err.field in ("logprobs", "min_tokens", "prompt_logprobs")
         field = err.field if top_level else f"sampling.{err.field}"
         raise InvalidRequest(field, str(err).split(": ", 1)[1]) from None
 

@@ -7,6 +7,7 @@ import grpc
 from engine.stop_strings import StopStringMatcher
 from engine.tokenizer import Detokenizer, Tokenizer
 from services.errors import ServiceError
+from services.tokenizer.prompt_logprobs import PromptLogprobs
 from services.tokenizer.request import GenerateSpec
 from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.v1 import generation_pb2 as pb
@@ -18,8 +19,16 @@ _STATUS_OF_REASON = {
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, spec: GenerateSpec, stop_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        spec: GenerateSpec,
+        stop_ids: frozenset[int],
+        scored_prompt: list[int] | None = None,
+    ) -> None:
+        """scored_prompt: the prompt's ids, where this sequence scores it (prompt_logprobs)."""
         self.request_id = spec.request_id
+        self.prompt = None if scored_prompt is None else PromptLogprobs(scored_prompt)
         self.detok = Detokenizer(tokenizer, skip_special=True)
         self.stops = StopStringMatcher(spec.stop_strings)
         self.stop_token_ids = stop_ids
@@ -33,6 +42,11 @@ class TextStream:
         reply = pb.GenerateResponse(request_id=self.request_id)
         if events.cached_prompt_tokens:
             self.cached_prompt_tokens = events.cached_prompt_tokens
+        if events.HasField("prompt_logprobs") and self.prompt is not None:
+            self.prompt.add(events.prompt_logprobs)
+        if events.token_ids and self.prompt is not None:  # its first tokens: the prompt is done
+            reply.prompt_logprobs.extend(self.prompt.entries())
+            self.prompt = None
         n = self.logprobs
         text = []
         for i, token_id in enumerate(events.token_ids):

@@ -15,6 +15,7 @@ import torch
 from engine.batch import FROM_LAST_STEP, SeqInput
 from engine.engine import Engine
 from engine.errors import InvalidRequest, RankGroupError
+from engine.prompt_scores import PromptLogprobs
 from engine.sampling_params import SamplingParams
 from engine.submitted import Submitted
 from services.protocol import PLACEHOLDER, sampling_from_pb
@@ -36,6 +37,19 @@ def exit_group_lost(engine: Engine, why: object) -> NoReturn:
     log.critical("%s; the worker exits", why)
     engine.close()
     os._exit(EXIT_RANK_GROUP_LOST)
+
+
+def add_prompt_logprobs(outcome: hp.StepOutcome, scores: PromptLogprobs) -> None:
+    top_n = max((len(t) for t in scores.top), default=0)
+    outcome.prompt_logprobs.add(
+        seq_id=scores.seq_id,
+        start=scores.start,
+        logprobs=scores.logprobs,
+        ranks=scores.ranks,
+        top_n=top_n,
+        top_ids=[t for row in scores.top for t, _ in row],
+        top_logprobs=[lp for row in scores.top for _, lp in row],
+    )
 
 
 @dataclass
@@ -128,6 +142,9 @@ class StepRunner:
                 pad = top_n - len(out.top_logprobs)
                 outcome.top_ids.extend([t for t, _ in out.top_logprobs] + [-1] * pad)
                 outcome.top_logprobs.extend([lp for _, lp in out.top_logprobs] + [0.0] * pad)
+        if flight.submitted is not None:
+            for scores in flight.submitted.prompt_scores:
+                add_prompt_logprobs(outcome, scores.to_host())
         seconds = time.perf_counter() - flight.started
         self.telemetry.record(
             flight.desc, outcome, flight.start_ns, seconds, launch_s=flight.launch_s

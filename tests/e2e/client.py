@@ -33,6 +33,7 @@ class Streamed:
     prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[pb.GeneratedToken] = field(default_factory=list)
+    prompt_logprobs: list[pb.PromptTokenLogprob] = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""
     usage: pb.Usage | None = None
@@ -54,6 +55,7 @@ async def stream(
             out.prompt_ids.extend(reply.prompt_token_ids)
             out.token_ids.extend(reply.token_ids)
             out.logprobs.extend(reply.logprobs)
+            out.prompt_logprobs.extend(reply.prompt_logprobs)
             out.text += reply.text
             if reply.finish_reason:
                 out.finish_reason, out.usage = reply.finish_reason, reply.usage

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.sampling_params import SamplingParams
 from harness.pipeline import Pipeline, pipeline
@@ -175,3 +176,57 @@ def test_a_session_keeps_its_turns_cached(served: Pipeline, reference: Reference
     assert two.usage.cached_prompt_tokens >= len(one.prompt_ids) // 16 * 16 > 0
     assert two.prompt_ids[: len(one.prompt_ids)] == one.prompt_ids
     assert_greedy(reference, two)
+
+
+@pytest.fixture(scope="module")
+def transformers_model(default_gguf: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        default_gguf.parent, gguf_file=default_gguf.name, dtype=torch.float32
+    ).eval()
+
+
+# Long enough to be prefilled in chunks (a prompt past 512 tokens is long).
+LONG_TEXT = " ".join(
+    f"Item {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7} marbles." for i in range(60)
+)
+
+
+def test_prompt_logprobs_are_transformers_log_softmax(
+    served: Pipeline,
+    transformers_model,  # type: ignore[no-untyped-def]
+) -> None:
+    async def scored_beside_others() -> tuple[Streamed, Streamed, Streamed]:
+        unscored = greedy(LONG_TEXT, max_tokens=4)
+        scored = greedy(LONG_TEXT, max_tokens=4, prompt_logprobs=2)
+        await stream(served.address, unscored)  # its blocks are cached now
+        others = [stream(served.address, greedy(chat="Hello!", max_tokens=8)) for _ in range(3)]
+        one, *_ = await asyncio.gather(stream(served.address, scored), *others)
+        short = await stream(served.address, greedy("Paris is", max_tokens=2, prompt_logprobs=0))
+        return one, short, await stream(served.address, unscored)
+
+    one, short, cached = run(scored_beside_others())
+    assert cached.usage is not None and cached.usage.cached_prompt_tokens > 0
+    # The scored prompt is computed whole: the cached prefix is not taken.
+    assert one.usage is not None and one.usage.cached_prompt_tokens == 0
+    assert len(one.prompt_ids) > 512
+    for got, top_n in ((one, 2), (short, 0)):
+        ids = got.prompt_ids
+        with torch.no_grad():
+            logits = transformers_model(torch.tensor([ids])).logits[0]
+        expected = torch.log_softmax(logits.float(), dim=-1)[:-1]  # position p scores p + 1
+        assert [e.token_id for e in got.prompt_logprobs] == ids[1:]
+        ours = torch.tensor([e.logprob for e in got.prompt_logprobs])
+        want = expected[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        assert torch.allclose(ours, want, atol=2e-3), float((ours - want).abs().max())
+        best = expected.max(dim=-1)
+        for k, entry in enumerate(got.prompt_logprobs):
+            # Rank 1 exactly where the token is transformers' best (but at a near tie).
+            if abs(float(best.values[k] - want[k])) > NEAR_TIE:
+                assert (entry.rank == 1) == (int(best.indices[k]) == ids[k + 1])
+            assert len(entry.top_logprobs) == top_n
+            if top_n:
+                assert entry.top_logprobs[0].logprob == pytest.approx(
+                    float(best.values[k]), abs=2e-3
+                )
