@@ -152,6 +152,69 @@ def test_logprobs_in_chat_and_completions(sdk: openai.OpenAI) -> None:
     assert all(len(top) == 2 for top in lp.top_logprobs or [])
 
 
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(
+    sdk: openai.OpenAI, default_gguf: Path
+) -> None:
+    """lm-evaluation-harness's loglikelihood request: the context and continuation as token
+    ids, echo, logprobs 1, max_tokens 1; it reads the continuation's prompt logprobs."""
+    tokenizer = load_tokenizer(default_gguf)
+    context = tokenizer.encode_prompt("The capital of France is", allow_special=False)
+    continuation = tokenizer.encode(" Paris", allow_special=False)
+    ids = context + continuation
+    scored = sdk.completions.create(
+        model="", prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    lp = scored.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert len(lp.token_logprobs) == len(ids) + 1  # the prompt, then the one token generated
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert scored.choices[0].text.startswith(tokenizer.decode(ids))
+    # The continuation's first token was scored from the context: the same distribution a
+    # completion of the context samples its first token from.
+    after_context = sdk.completions.create(
+        model="", prompt=context, max_tokens=1, temperature=0, logprobs=5
+    )
+    sampled = after_context.choices[0].logprobs
+    assert sampled is not None and sampled.top_logprobs is not None
+    alternatives = sampled.top_logprobs[0]
+    (best, best_lp), (echoed_best, echoed_lp) = (
+        max(alternatives.items(), key=lambda kv: kv[1]),
+        next(iter(lp.top_logprobs[len(context)].items())),
+    )
+    assert echoed_best == best and echoed_lp == pytest.approx(best_lp, abs=1e-3)
+    paris = tokenizer.token_bytes(continuation[0]).decode()
+    if paris in alternatives:
+        assert lp.token_logprobs[len(context)] == pytest.approx(alternatives[paris], abs=1e-3)
+    # max_tokens 0: the prompt alone. And vLLM's prompt_logprobs, in its form.
+    alone = sdk.completions.create(
+        model="",
+        prompt=ids,
+        echo=True,
+        logprobs=0,
+        max_tokens=0,
+        extra_body={"prompt_logprobs": 2},
+    )
+    choice = alone.choices[0]
+    assert choice.text == tokenizer.decode(ids) and alone.usage is not None
+    assert alone.usage.completion_tokens == 0
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs == lp.token_logprobs[:-1]
+    vllm = choice.model_extra["prompt_logprobs"]  # type: ignore[index]
+    assert vllm[0] is None and len(vllm) == len(ids)
+    for position, entry in enumerate(vllm[1:], start=1):
+        own = entry[str(ids[position])]
+        assert own["logprob"] == lp.token_logprobs[position] and own["rank"] >= 1
+        # The best two by rank; the token itself among them where it is one of them.
+        assert {1, 2} <= {v["rank"] for v in entry.values()} and len(entry) == 2 + (own["rank"] > 2)
+    chat_scored = sdk.chat.completions.create(
+        model="", messages=CHAT, max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
+    assert len(chat_scored.model_extra["prompt_logprobs"]) == chat_scored.usage.prompt_tokens  # type: ignore[index,union-attr]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model="", prompt="x", max_tokens=0)
+    assert refused.value.body["param"] == "max_tokens"  # type: ignore[index]
+
+
 def test_stop_strings_end_the_text(sdk: openai.OpenAI) -> None:
     prompt = "Count from 1 to 50: 1, 2, 3,"
     full = sdk.completions.create(model="", prompt=prompt, max_tokens=40, temperature=0)

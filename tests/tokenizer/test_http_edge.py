@@ -25,6 +25,7 @@ from services.tls import TlsSettings
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.body_limit import BodyLimit
 from services.tokenizer.http.convert import (
+    Plan,
     chat_plan,
     completion_plan,
     detokenize_request,
@@ -86,7 +87,7 @@ def test_grpc_field_names_become_openais() -> None:
         ({"prompt": [-5]}, "prompt[0]", "greater than or equal to 0"),
         ({"prompt": [[1, 2], [3, -4]]}, "prompt[1][1]", "greater than or equal to 0"),
         ({"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids[0]", "greater than or equal"),
-        ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ({"prompt": "hi", "max_tokens": -1}, "max_tokens", "greater than or equal to 0"),
         ({"prompt": "hi", "no_such": 1}, "no_such", "is not a parameter tandem supports"),
     ],
 )
@@ -492,9 +493,35 @@ def test_completion_prompts() -> None:
     assert list(ids.requests[0].token_ids.ids) == [1, 2, 3]
     batch = completion_plan(CompletionRequest(prompt=[[1], [2, 3]], logprobs=0), "rid", "m")
     assert len(batch.requests) == 2 and batch.top_logprobs == 0
-    for refused in ({"echo": True}, {"suffix": "x"}):
-        with pytest.raises(InvalidRequest):
-            completion_plan(CompletionRequest(prompt="x", **refused), "r", "m")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="suffix"):
+        completion_plan(CompletionRequest(prompt="x", suffix="y"), "r", "m")
+
+
+def test_echo_and_prompt_logprobs_convert_to_scored_prompts() -> None:
+    def plan(**fields: Any) -> Plan:
+        return completion_plan(CompletionRequest(prompt=["a", "b"], **fields), "r", "m")
+
+    echoed = plan(echo=True, logprobs=2, max_tokens=0)
+    assert echoed.echo and not echoed.generates
+    # max_tokens 0: one token is made and left out; the prompts are scored with the top 2.
+    assert [(r.max_tokens, r.prompt_logprobs) for r in echoed.requests] == [(1, 2), (1, 2)]
+    text_only = plan(echo=True)  # no logprobs: nothing to score
+    assert not any(r.HasField("prompt_logprobs") for r in text_only.requests)
+    both = plan(echo=True, logprobs=1, prompt_logprobs=4)
+    assert both.prompt_logprobs == 4 and both.requests[0].prompt_logprobs == 4
+    chat_scored = chat_plan(chat(prompt_logprobs=0), "r", "m")
+    assert chat_scored.prompt_logprobs == 0 and chat_scored.requests[0].prompt_logprobs == 0
+    refused = [
+        ({"max_tokens": 0}, "max_tokens", "only with echo"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not with stream"),
+        ({"echo": True, "logprobs": 1, "n": 2, "stream": True}, "n", "must be 1 to stream"),
+    ]
+    for fields, field, message in refused:
+        with pytest.raises(InvalidRequest, match=message) as err:
+            plan(**fields)
+        assert err.value.field == field
+    # Streamed echo without logprobs needs no scores: any n.
+    assert plan(echo=True, n=2, stream=True).n == 2
 
 
 def test_tokenize_bodies_convert_to_the_grpc_requests() -> None:
@@ -655,3 +682,69 @@ async def test_the_time_limit_ends_with_the_body() -> None:
     sent = await _post(app, "/stream", receive, (b"content-length", b"3"))
     assert sent[0]["status"] == 200
     assert json.loads(sent[1]["body"]) == {"then": "http.disconnect"}  # type: ignore[arg-type]
+
+
+def test_an_echoed_prompt_leads_each_choice_with_its_scores(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    tokenizer, _ = vocabulary
+    ids = tokenizer.encode("Hello there", allow_special=False)
+    scores = [
+        pb.PromptTokenLogprob(
+            token_id=t,
+            logprob=-1.5,
+            rank=2,
+            top_logprobs=[pb.TokenLogprob(token_id=7, logprob=-0.5)],
+        )
+        for t in ids[1:]
+    ]
+    first = pb.GenerateResponse(
+        text=" you",
+        token_ids=[11],
+        logprobs=[pb.GeneratedToken(token_id=11, logprob=-0.25)],
+        prompt_logprobs=scores,
+    )
+    last = pb.GenerateResponse(finish_reason="length", usage=pb.Usage(completion_tokens=1))
+    header = pb.GenerateResponse(prompt_token_ids=ids)
+
+    def answered(**fields: Any) -> Output:
+        plan = completion_plan(CompletionRequest(prompt="Hello there", **fields), "r", "m")
+        output = Output(tokenizer, "id", "m", plan)
+        output.on_prompts([header])
+        return output
+
+    whole = answered(echo=True, logprobs=1, prompt_logprobs=1)
+    whole.add(0, pb.GenerateResponse())  # scheduled, nothing yet
+    whole.add(0, first)
+    whole.add(0, last)
+    (choice,) = whole.whole()["choices"]
+    texts = [tokenizer.token_bytes(t).decode() for t in ids]
+    assert choice["text"] == "Hello there you"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == [*texts, tokenizer.token_bytes(11).decode()]
+    assert lp["token_logprobs"] == [None, *[-1.5] * (len(ids) - 1), -0.25]
+    seven = tokenizer.token_bytes(7).decode()
+    assert lp["top_logprobs"][:2] == [None, {seven: -0.5}]
+    assert lp["text_offset"][-1] == sum(map(len, texts))
+    # vLLM's form: by token id, the token's own rank, then its alternatives ranked.
+    prompt = choice["prompt_logprobs"]
+    assert prompt[0] is None and len(prompt) == len(ids)
+    assert prompt[1] == {
+        str(ids[1]): {"logprob": -1.5, "rank": 2, "decoded_token": texts[1]},
+        "7": {"logprob": -0.5, "rank": 1, "decoded_token": seven},
+    }
+    # max_tokens 0: the prompt alone, and no completion tokens counted.
+    alone = answered(echo=True, logprobs=0, max_tokens=0)
+    for msg in (first, last):
+        alone.add(0, msg)
+    body = alone.whole()
+    assert body["choices"][0]["text"] == "Hello there"
+    assert body["choices"][0]["logprobs"]["token_logprobs"] == [None, *[-1.5] * (len(ids) - 1)]
+    assert body["usage"]["completion_tokens"] == 0
+    # Streamed: the prompt in a chunk of its own once the first tokens came, then the rest.
+    streamed = answered(echo=True, logprobs=1, stream=True)
+    events = [e for msg in (pb.GenerateResponse(), first, last) for e in streamed.stream(0, msg)]
+    chunks = [json.loads(e.removeprefix("data: "))["choices"][0] for e in events]
+    assert [c["text"] for c in chunks] == ["Hello there", " you", ""]
+    assert chunks[0]["logprobs"]["token_logprobs"][0] is None
+    assert chunks[1]["logprobs"]["text_offset"] == [len("Hello there")]

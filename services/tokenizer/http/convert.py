@@ -41,6 +41,10 @@ class Plan:
     # The parameter an error in the output format names, where it did not come from
     # response_format (a tool's parameters, structured_outputs.json).
     format_param: str | None = None
+    # Completions' echo: each choice's text, and its logprobs, begin with its prompt's.
+    echo: bool = False
+    generates: bool = True  # False: max_tokens 0 (with echo): the prompt alone is answered
+    prompt_logprobs: int | None = None  # vLLM's: the prompt's scores, with these alternatives
 
 
 def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -53,19 +57,21 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
     plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
+    plan = _score_prompts(plan, body.prompt_logprobs)
     calls, param = tool_calls(body, request)
     return dataclasses.replace(plan, calls=calls, format_param=param or plan.format_param)
 
 
 def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
-    if body.echo:
-        raise InvalidRequest("echo", "is not supported yet")
     if body.suffix:
         raise InvalidRequest("suffix", "is not supported yet")
     prompts = _prompts(body.prompt)
     template = _common(body, request_id, model_name)
+    if body.max_tokens == 0 and not body.echo:
+        raise InvalidRequest("max_tokens", "may be 0 only with echo: true (the prompt alone)")
     if body.max_tokens is not None:
-        template.max_tokens = body.max_tokens
+        # With max_tokens 0 one token is made (a request generates) and left out of the answer.
+        template.max_tokens = max(body.max_tokens, 1)
     requests = []
     for p, prompt in enumerate(prompts):
         request = pb.GenerateRequest()
@@ -77,7 +83,28 @@ def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -
         else:
             request.token_ids.ids.extend(prompt)
         requests.append(request)
-    return _plan(body, requests, body.logprobs)
+    plan = _plan(body, requests, body.logprobs)
+    echo = bool(body.echo)
+    if echo and plan.top_logprobs is not None:
+        if plan.stream and plan.n > 1:
+            # Only the first sequence of a prompt scores it: the others' first chunks would wait.
+            raise InvalidRequest("n", "must be 1 to stream an echoed prompt's logprobs")
+        for request in requests:  # the echoed prompt's tokens come with their logprobs
+            request.prompt_logprobs = plan.top_logprobs
+    plan = _score_prompts(plan, body.prompt_logprobs)
+    return dataclasses.replace(plan, echo=echo, generates=body.max_tokens != 0)
+
+
+def _score_prompts(plan: Plan, top: int | None) -> Plan:
+    """vLLM's prompt_logprobs: each request scores its prompt, with at least `top` alternatives."""
+    if top is None:
+        return plan
+    if plan.stream:
+        raise InvalidRequest("prompt_logprobs", "is answered whole: not with stream: true")
+    for request in plan.requests:
+        has = request.prompt_logprobs if request.HasField("prompt_logprobs") else 0
+        request.prompt_logprobs = max(has, top)
+    return dataclasses.replace(plan, prompt_logprobs=top)
 
 
 def tokenize_request(body: TokenizeRequest, model_name: str) -> pb.TokenizeRequest:

@@ -32,6 +32,7 @@ class _Choice:
     started: bool = False
     held: bool = False  # its text is tool calls, sent whole at the end
     decided: bool = False  # (tool_choice "auto") whether its text is calls is known
+    offset: int = 0  # (completions, streamed) characters its chunks' logprobs covered so far
 
 
 class Output:
@@ -50,12 +51,20 @@ class Output:
         self.generated = 0  # tokens so far, every choice
         self.choices: defaultdict[int, _Choice] = defaultdict(_Choice)
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.prompt_ids: list[list[int]] = []  # each prompt's
+        # Each scored prompt's tokens from the second on (the first sequence of it brings them).
+        self.prompt_scores: dict[int, list[pb.PromptTokenLogprob]] = {}
 
     def on_prompts(self, headers: list[pb.GenerateResponse]) -> None:
         """The first message of each prompt's call: its prompt's ids."""
-        self.prompt_tokens = sum(len(h.prompt_token_ids) for h in headers)
+        self.prompt_ids = [list(h.prompt_token_ids) for h in headers]
+        self.prompt_tokens = sum(map(len, self.prompt_ids))
 
     def _count(self, index: int, msg: pb.GenerateResponse) -> None:
+        if msg.prompt_logprobs:
+            self.prompt_scores[index // self.plan.n] = list(msg.prompt_logprobs)
+        if not self.plan.generates:  # max_tokens 0: what was generated is not answered
+            return
         self.generated += len(msg.token_ids)
         if not msg.finish_reason:
             return
@@ -95,38 +104,52 @@ class Output:
     def stream(self, index: int, msg: pb.GenerateResponse) -> list[str]:
         """The SSE events for one message (none for one without text, logprobs or an end)."""
         self._count(index, msg)
-        if not (msg.text or msg.logprobs or msg.finish_reason):
-            return []
         out = []
-        body: dict[str, Any] = {"index": index}
+        choice = self.choices[index]
+        if self.plan.echo and not choice.started and (msg.token_ids or msg.finish_reason):
+            # The prompt first, in a chunk of its own, once its scores are in (they come with
+            # the first tokens).
+            choice.started = True
+            text, logprobs = self._echo(index // self.plan.n)
+            choice.offset = len(text)
+            out.append(self._chunk([_text_chunk(index, text, logprobs, None)]))
+        if not self.plan.generates:
+            msg = pb.GenerateResponse(finish_reason=msg.finish_reason)
+        if not (msg.text or msg.logprobs or msg.finish_reason):
+            return out
         finish = msg.finish_reason or None
         if self.chat:
-            choice = self.choices[index]
-            if not choice.started:  # as OpenAI: the role first, with the first output
-                choice.started = True
-                choice.held = self.plan.calls is not None and not self.plan.calls.auto
-                delta = {"role": "assistant", "content": None if choice.held else ""}
-                out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
-            calls = self.plan.calls
-            if calls is not None and calls.auto and not choice.decided and msg.text:
-                # "auto": a reply is calls or text from its first character (its grammar's).
-                choice.held, choice.decided = begins_as_calls(msg.text), True
-            body["delta"] = {"content": msg.text} if msg.text else {}
-            if choice.held:
-                # The calls are sent whole, once their JSON is: held until the end.
-                choice.text.append(msg.text)
-                body["delta"] = {}
-                if finish:
-                    message, finish = self._message("".join(choice.text), finish)
-                    body["delta"] = {k: v for k, v in message.items() if k != "role"}
-                    if "tool_calls" in body["delta"]:
-                        listed = body["delta"]["tool_calls"]
-                        body["delta"]["tool_calls"] = [
-                            {"index": i, **c} for i, c in enumerate(listed)
-                        ]
-        else:
-            body["text"] = msg.text
-        body["logprobs"] = self._logprobs(msg.logprobs)
+            return out + self._chat_chunks(index, choice, msg.text, finish, msg.logprobs)
+        logprobs = self._logprobs(msg.logprobs, choice.offset)
+        choice.offset += len(msg.text)
+        out.append(self._chunk([_text_chunk(index, msg.text, logprobs, finish)]))
+        return out
+
+    def _chat_chunks(
+        self, index: int, choice: _Choice, text: str, finish: str | None, tokens: Any
+    ) -> list[str]:
+        out = []
+        if not choice.started:  # as OpenAI: the role first, with the first output
+            choice.started = True
+            choice.held = self.plan.calls is not None and not self.plan.calls.auto
+            delta = {"role": "assistant", "content": None if choice.held else ""}
+            out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
+        calls = self.plan.calls
+        if calls is not None and calls.auto and not choice.decided and text:
+            # "auto": a reply is calls or text from its first character (its grammar's).
+            choice.held, choice.decided = begins_as_calls(text), True
+        body: dict[str, Any] = {"index": index, "delta": {"content": text} if text else {}}
+        if choice.held:
+            # The calls are sent whole, once their JSON is: held until the end.
+            choice.text.append(text)
+            body["delta"] = {}
+            if finish:
+                message, finish = self._message("".join(choice.text), finish)
+                body["delta"] = {k: v for k, v in message.items() if k != "role"}
+                if "tool_calls" in body["delta"]:
+                    listed = body["delta"]["tool_calls"]
+                    body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(listed)]
+        body["logprobs"] = self._logprobs(tokens)
         body["finish_reason"] = finish
         out.append(self._chunk([body]))
         return out
@@ -140,26 +163,81 @@ class Output:
         """For a whole response: take in one message."""
         self._count(index, msg)
         choice = self.choices[index]
+        if msg.finish_reason:
+            choice.finish_reason = msg.finish_reason
+        if not self.plan.generates:
+            return
         if msg.text:
             choice.text.append(msg.text)
         if msg.logprobs and self.plan.top_logprobs is not None:
             choice.logprobs.extend(msg.logprobs)
-        if msg.finish_reason:
-            choice.finish_reason = msg.finish_reason
 
     def whole(self) -> dict[str, Any]:
         choices = []
         for i, c in sorted(self.choices.items()):
             text = "".join(c.text)
             finish = c.finish_reason
+            logprobs = self._logprobs(c.logprobs)
             if self.chat:
                 message, finish = self._message(text, finish or "")
                 content: dict[str, Any] = {"message": message}
+            elif self.plan.echo:
+                prompt, prompt_logprobs = self._echo(i // self.plan.n)
+                content = {"text": prompt + text}
+                logprobs = _joined(prompt_logprobs, logprobs)
             else:
                 content = {"text": text}
-            logprobs = self._logprobs(c.logprobs)
-            choices.append({"index": i, **content, "logprobs": logprobs, "finish_reason": finish})
-        return {**self._body(self.object, choices), "usage": self.usage()}
+            choice = {"index": i, **content, "logprobs": logprobs, "finish_reason": finish}
+            if self.plan.prompt_logprobs is not None and not self.chat:
+                choice["prompt_logprobs"] = self._vllm_prompt_logprobs(i // self.plan.n)
+            choices.append(choice)
+        body = {**self._body(self.object, choices), "usage": self.usage()}
+        if self.plan.prompt_logprobs is not None and self.chat:
+            body["prompt_logprobs"] = self._vllm_prompt_logprobs(0)
+        return body
+
+    def _echo(self, prompt: int) -> tuple[str, dict[str, Any] | None]:
+        """An echoed prompt's text (as given, or its ids decoded) and its completions logprobs:
+        its first token has none, and the others' the scores its first sequence brought."""
+        request = self.plan.requests[prompt]
+        ids = self.prompt_ids[prompt]
+        given = request.WhichOneof("prompt") == "text"
+        text = request.text if given else self.tokenizer.decode(ids)
+        top = self.plan.top_logprobs
+        if top is None:
+            return text, None
+        scores = self.prompt_scores.get(prompt, [])
+        texts = [self._text(t) for t in ids]
+        return text, {
+            "tokens": texts,
+            "token_logprobs": [None, *(e.logprob for e in scores)],
+            "top_logprobs": [
+                None,
+                *(
+                    {self._text(a.token_id): a.logprob for a in e.top_logprobs[:top]}
+                    for e in scores
+                ),
+            ],
+            "text_offset": _offsets(texts),
+        }
+
+    def _vllm_prompt_logprobs(self, prompt: int) -> list[dict[str, Any] | None]:
+        """vLLM's prompt_logprobs: None for the first token; then by token id, the token's own
+        logprob and rank and its alternatives' (ranked 1, 2, ...)."""
+        top = self.plan.prompt_logprobs or 0
+        out: list[dict[str, Any] | None] = [None]
+        for e in self.prompt_scores.get(prompt, []):
+            ranked = {
+                str(a.token_id): {
+                    "logprob": a.logprob,
+                    "rank": rank,
+                    "decoded_token": self._text(a.token_id),
+                }
+                for rank, a in enumerate(e.top_logprobs[:top], start=1)
+            }
+            own = {"logprob": e.logprob, "rank": e.rank, "decoded_token": self._text(e.token_id)}
+            out.append({str(e.token_id): own, **ranked})
+        return out
 
     def _message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """A chat reply's message and finish reason: with tool calls asked for, a text that
@@ -188,7 +266,8 @@ class Output:
         text = raw.decode("utf-8", errors="replace")
         return {"token": text, "logprob": token.logprob, "bytes": list(raw)}
 
-    def _logprobs(self, tokens: Any) -> dict[str, Any] | None:
+    def _logprobs(self, tokens: Any, offset: int = 0) -> dict[str, Any] | None:
+        """offset: (completions) where the tokens' text begins in the choice's."""
         top = self.plan.top_logprobs
         if top is None:
             return None
@@ -205,5 +284,29 @@ class Output:
             "top_logprobs": [
                 {self._text(a.token_id): a.logprob for a in t.top_logprobs[:top]} for t in tokens
             ],
-            "text_offset": list(itertools.accumulate(map(len, texts), initial=0))[:-1],
+            "text_offset": _offsets(texts, offset),
         }
+
+
+def _offsets(texts: list[str], start: int = 0) -> list[int]:
+    """Where each token's text begins."""
+    return list(itertools.accumulate(map(len, texts), initial=start))[:-1]
+
+
+def _text_chunk(
+    index: int, text: str, logprobs: dict[str, Any] | None, finish: str | None
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _joined(prompt: dict[str, Any] | None, generated: dict[str, Any] | None) -> Any:
+    """Completions logprobs of an echoed prompt, then of the tokens generated after it."""
+    if prompt is None or generated is None:
+        return prompt or generated
+    texts = prompt["tokens"] + generated["tokens"]
+    return {
+        "tokens": texts,
+        "token_logprobs": prompt["token_logprobs"] + generated["token_logprobs"],
+        "top_logprobs": prompt["top_logprobs"] + generated["top_logprobs"],
+        "text_offset": _offsets(texts),
+    }

@@ -125,6 +125,9 @@ class _Sampling(_Request):
     best_of: Int32 | None = None  # refused above 1
     response_format: ResponseFormat | None = None  # text, json_object or json_schema
     structured_outputs: StructuredOutputs | None = None  # vLLM's forms
+    # vLLM's: score the prompt, each token with its rank and this many alternatives; answered
+    # whole (not streamed) in `prompt_logprobs`.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -148,9 +151,10 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = 16  # OpenAI's default
+    # OpenAI's default; 0 only with echo: the prompt scored, nothing generated.
+    max_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: bool | None = None  # refused when true
+    echo: bool | None = None  # the prompt first in each choice's text (and logprobs)
     suffix: str | None = None  # refused
 
 
@@ -218,13 +222,24 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # where asked for
 
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None for an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptTokenLogprob(BaseModel):
+    logprob: float
+    rank: int  # 1: the model's most likely token there
+    decoded_token: str
+
+
+# vLLM's form: None for the first token, then each token's id (as text) and its alternatives'.
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
 
 
 class CompletionChoice(BaseModel):
@@ -232,6 +247,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str
+    prompt_logprobs: PromptLogprobs | None = None  # where asked for
 
 
 class Completion(BaseModel):
