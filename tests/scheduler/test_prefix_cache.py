@@ -57,6 +57,25 @@ def test_a_whole_prompt_hit_still_recomputes_the_last_token() -> None:
     assert [(s.start_pos, len(s.token_ids), s.sample) for s in plan.seqs] == [(8, 4, True)]
 
 
+def test_a_request_that_shares_no_prefix_computes_its_whole_prompt() -> None:
+    """share_prefix False (a prompt to score): no hit is taken, and none is offered."""
+    rig = create_rig()
+    sched = rig.scheduler
+    rig.add(Request(sid("first"), [*PREFIX, 13], 1))
+    rig.run()
+    cached_before = sched.stats().kv_blocks_cached
+    rig.add(Request(sid("scored"), [*PREFIX, 14], 1, share_prefix=False))
+    plan, events = rig.step()
+    assert cached_tokens(events, "scored") == 0
+    assert [(s.start_pos, len(s.token_ids)) for s in plan.seqs] == [(0, 13)]
+    rig.run()
+    # Its blocks were never offered: the cache holds the first request's alone.
+    assert sched.stats().kv_blocks_cached == cached_before
+    rig.add(Request(sid("after"), [*PREFIX, 14], 1))
+    _, events = rig.step()
+    assert cached_tokens(events, "after") == 12  # the first request's blocks, still there
+
+
 def test_cached_blocks_are_evicted_least_recently_used() -> None:
     rig = create_rig(num_kv_blocks=16, block_size=4)
     rig.add(Request(sid("a"), list(range(100, 108)), 1))
