@@ -67,26 +67,55 @@ class PromptScorer:
         self._held: dict[Hashable, tuple[int, torch.Tensor]] = {}
 
     def score(self, batch: Sequence[SeqInput], hidden: torch.Tensor) -> list[PendingScores]:
-        """hidden: the step's (T, dim) final hidden states, the rows of `batch` in order."""
-        out = []
+        """hidden: the step's (T, dim) final hidden states, the rows of `batch` in order. The
+        rows of every scored sequence go through the head together: it is read once a step (on a
+        CPU, reading a large vocabulary's head costs more than its arithmetic)."""
+        scored: list[tuple[SeqInput, int]] = []  # (sequence, the position it scores first)
+        rows: list[torch.Tensor] = []
+        targets: list[int] = []
         offset = 0
         for seq in batch:
             n = len(seq.token_ids)
             if scores_prompt(seq):
-                pending = self._score(seq, hidden[offset : offset + n])
-                if pending is not None:
-                    out.append(pending)
+                first = self._rows(seq, hidden[offset : offset + n], rows, targets)
+                if first is not None:
+                    scored.append((seq, first))
             offset += n
+        if not scored:
+            return []
+        before = torch.cat(rows)
+        wanted = to_device(targets, hidden.device)
+        top_n = max(seq.sampling.prompt_logprobs or 0 for seq, _ in scored)
+        parts = [
+            self._chunk(before[a : a + ROWS_AT_ONCE], wanted[a : a + ROWS_AT_ONCE], top_n)
+            for a in range(0, len(targets), ROWS_AT_ONCE)
+        ]
+        lp, ranks, top_ids, top_lp = (torch.cat(column) for column in zip(*parts, strict=True))
+        out = []
+        a = 0
+        for seq, first in scored:
+            b = a + min(seq.start_pos + len(seq.token_ids), seq.prompt_len) - first
+            n = seq.sampling.prompt_logprobs or 0
+            out.append(
+                PendingScores(
+                    seq.seq_id, first, lp[a:b], ranks[a:b], top_ids[a:b, :n], top_lp[a:b, :n]
+                )
+            )
+            a = b
         return out
 
     def release(self, seq_id: Hashable) -> None:
         self._held.pop(seq_id, None)
 
-    def _score(self, seq: SeqInput, rows: torch.Tensor) -> PendingScores | None:
+    def _rows(
+        self, seq: SeqInput, chunk: torch.Tensor, rows: list[torch.Tensor], targets: list[int]
+    ) -> int | None:
+        """Add the rows that score this chunk's prompt tokens, and those tokens, to `rows` and
+        `targets`; the position of the first (None: nothing to score)."""
         start, n, prompt_len = seq.start_pos, len(seq.token_ids), seq.prompt_len
         held = self._held.pop(seq.seq_id, None)
         if start + n < prompt_len:  # the next chunk's first token is scored by this last row
-            self._held[seq.seq_id] = (start + n - 1, rows[n - 1].clone())
+            self._held[seq.seq_id] = (start + n - 1, chunk[n - 1].clone())
         # Tokens at positions first..end-1 are scored: the first has nothing before it, and
         # positions from prompt_len on are output tokens (a resumed sequence re-prefills them).
         first, end = max(start, 1), min(start + n, prompt_len)
@@ -96,17 +125,12 @@ class PromptScorer:
             return None
         if first == start:  # the held row, then this chunk's rows
             assert held is not None
-            before = torch.cat([held[1][None], rows[: end - 1 - start]])
+            rows.append(held[1][None])
+            rows.append(chunk[: end - 1 - start])
         else:
-            before = rows[first - 1 - start : end - 1 - start]
-        targets = to_device(list(seq.token_ids[first - start : end - start]), rows.device)
-        top_n = seq.sampling.prompt_logprobs or 0
-        parts = [
-            self._chunk(before[a : a + ROWS_AT_ONCE], targets[a : a + ROWS_AT_ONCE], top_n)
-            for a in range(0, len(targets), ROWS_AT_ONCE)
-        ]
-        lp, ranks, top_ids, top_lp = (torch.cat(column) for column in zip(*parts, strict=True))
-        return PendingScores(seq.seq_id, first, lp, ranks, top_ids, top_lp)
+            rows.append(chunk[first - 1 - start : end - 1 - start])
+        targets.extend(seq.token_ids[first - start : end - start])
+        return first
 
     def _chunk(
         self, hidden: torch.Tensor, targets: torch.Tensor, top_n: int

@@ -42,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_prompt_args(gen)
     add_sampling_args(gen, max_tokens=None)
     add_format_args(gen)
+    gen.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        metavar="N",
+        help="score the prompt too: each of its tokens' logprob, rank and top N (with --json)",
+    )
     gen.set_defaults(func=_generate, user_errors=_user_errors())
 
     chat = sub.add_parser(
@@ -123,6 +129,11 @@ def _generate(args: argparse.Namespace) -> int:
     from services.client_types import TandemError
 
     options = _options(args)
+    if args.prompt_logprobs is not None:
+        if not args.json:
+            print("tandem generate: --prompt-logprobs is printed with --json", file=sys.stderr)
+            return 2
+        options["prompt_logprobs"] = args.prompt_logprobs
     if (output_format := _output_format(args)) is not None:
         options["output_format"] = output_format
     prompt = None if args.chat else args.prompt
@@ -170,6 +181,16 @@ def _as_json(result: GenerationResult, with_logprobs: bool) -> dict[str, Any]:
         "request_id": result.request_id,
         "trace_id": result.trace_id,
     }
+    if result.prompt_logprobs:
+        out["prompt_logprobs"] = [
+            {
+                "token_id": t.token_id,
+                "logprob": t.logprob,
+                "rank": t.rank,
+                "top": [list(p) for p in t.top],
+            }
+            for t in result.prompt_logprobs
+        ]
     if with_logprobs:
         out["logprobs"] = [
             {"token_id": t.token_id, "logprob": t.logprob, "top": [list(p) for p in t.top]}

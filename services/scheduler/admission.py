@@ -78,7 +78,8 @@ def admit(s: SchedulerState, b: StepBuilder, now: float) -> None:
             break
         total = len(head.token_ids)
         # At least the last token is recomputed: the worker needs its logits to sample.
-        hits = blocks.lookup(head.block_hashes, (total - 1) // bs)
+        reusable = (total - 1) // bs if head.request.reuse_prefix else 0
+        hits = blocks.lookup(head.block_hashes, reusable)
         cached = len(hits) * bs
         remaining = total - cached
         is_long = cfg.enable_chunked_prefill and remaining > threshold

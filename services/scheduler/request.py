@@ -27,9 +27,9 @@ class Request:
     arrival_time: float | None = None
     # Sampling parameters: opaque here, passed through to the worker with its first row.
     sampling: Any = None
-    # False: its blocks are neither looked up in nor offered to the prefix cache, so every
-    # position of its prompt is computed (the worker scores a prompt from its rows).
-    share_prefix: bool = True
+    # False: it takes no blocks from the prefix cache, so every position of its prompt is
+    # computed (the worker scores a prompt from its rows); its own are offered as any are.
+    reuse_prefix: bool = True
 
 
 class Status(enum.Enum):

@@ -63,8 +63,7 @@ class Scheduler(SchedulerState):
         now = self.clock()
         arrival = now if request.arrival_time is None else request.arrival_time
         order = next(self._orders)
-        hashed = cfg.enable_prefix_caching and request.share_prefix
-        req = RequestState(request, arrival, order, cfg.block_size, hashed)
+        req = RequestState(request, arrival, order, cfg.block_size, cfg.enable_prefix_caching)
         self.requests[req.seq_id] = req
         waiting.push(req)
         self.deadlines.add(req)

@@ -85,7 +85,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 deadline=deadline,
                 session_id=request.session_id or None,
                 sampling=request.sampling,
-                share_prefix=not request.sampling.HasField("prompt_logprobs"),
+                reuse_prefix=not request.sampling.HasField("prompt_logprobs"),
             ),
         )
         return spb.SubmitResponse()

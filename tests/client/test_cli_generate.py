@@ -57,6 +57,31 @@ async def test_generate_json_prints_one_object(
     assert not request.HasField("max_tokens")  # the server picks, within the context
 
 
+async def test_generate_prints_the_prompts_scores(
+    fake: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def scored(_: pb.GenerateRequest) -> Script:
+        replies = stream(PIECES, prompt_ids=[5, 6])
+        top = [pb.TokenLogprob(token_id=9, logprob=-0.5)]
+        replies[1].prompt_logprobs.add(token_id=6, logprob=-2.0, rank=3, top_logprobs=top)
+        return Script(replies)
+
+    fake.servicer.script = scored
+    argv = ["--server", fake.address, "--prompt", "Capital?", "--json", "--prompt-logprobs", "1"]
+    assert await tandem("generate", *argv) == 0
+    out, _ = capsys.readouterr()
+    assert json.loads(out)["prompt_logprobs"] == [
+        {"token_id": 6, "logprob": -2.0, "rank": 3, "top": [[9, -0.5]]}
+    ]
+    assert fake.servicer.requests[0].prompt_logprobs == 1
+    # Scores are JSON: without --json the flag is refused before anything is sent.
+    code = await tandem(
+        "generate", "--server", fake.address, "--prompt", "x", "--prompt-logprobs", "0"
+    )
+    assert code == 2 and "--prompt-logprobs is printed with --json" in capsys.readouterr().err
+    assert len(fake.servicer.requests) == 1
+
+
 async def test_generate_streams_text(fake: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
     fake.servicer.script = lambda _: Script(stream(PIECES, request_id="abc"))
     code = await tandem("generate", "--server", fake.address, "--prompt-ids", "1,2,3")

@@ -3,11 +3,13 @@ random weights, whatever the chunks a prompt is prefilled in and whatever else s
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from engine.batch import SeqInput
 from engine import prompt_scores
+from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.prompt_scores import PromptLogprobs
 from engine.sampling_params import SamplingParams
@@ -27,7 +29,7 @@ def scored_in_chunks(engine: Engine, ids: list[int], cuts: list[int], table: lis
     bounds = [0, *cuts, len(ids)]
     results: list[PromptLogprobs] = []
     other = [7] * 9
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         batch = [
             SeqInput("other", other, 0, [60, 61, 62], sample=True, prompt_len=len(other)),
             SeqInput("p", ids[a:b], a, table, SCORED, sample=b == len(ids), prompt_len=len(ids)),
@@ -93,3 +95,26 @@ def test_a_released_sequence_leaves_no_held_row(tiny_engine) -> None:  # type: i
     results = run(tiny_engine, [SeqInput("p", ids[6:], 6, [0, 1, 2, 3, 4], SCORED, True, 20)])
     tiny_engine.release(["p"])
     assert results[0].start == 7
+
+
+def test_scored_prompts_sharing_a_step_each_get_their_own(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    reference, engine = tiny_pair
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randint(0, engine.config.vocab_size, (12,), generator=gen).tolist()
+    b = torch.randint(0, engine.config.vocab_size, (9,), generator=gen).tolist()
+    two = SamplingParams(temperature=0.0, prompt_logprobs=2)
+    none = SamplingParams(temperature=0.0, prompt_logprobs=0)
+    batch = [
+        SeqInput("a", a, 0, [0, 1, 2], two, True, len(a)),
+        SeqInput("x", [3, 4, 5], 0, [3], prompt_len=3),  # unscored, between them
+        SeqInput("b", b, 0, [4, 5, 6], none, True, len(b)),
+    ]
+    got = {r.seq_id: r for r in run(engine, batch)}
+    engine.release(["a", "x", "b"])
+    assert set(got) == {"a", "b"}
+    for name, ids, n in (("a", a, 2), ("b", b, 0)):
+        expected = torch.log_softmax(reference_logits(reference, ids), dim=-1)[:-1]
+        want = expected[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        assert got[name].start == 1
+        assert torch.allclose(torch.tensor(got[name].logprobs), want, atol=1e-4)
+        assert all(len(t) == n for t in got[name].top)

@@ -57,23 +57,20 @@ def test_a_whole_prompt_hit_still_recomputes_the_last_token() -> None:
     assert [(s.start_pos, len(s.token_ids), s.sample) for s in plan.seqs] == [(8, 4, True)]
 
 
-def test_a_request_that_shares_no_prefix_computes_its_whole_prompt() -> None:
-    """share_prefix False (a prompt to score): no hit is taken, and none is offered."""
+def test_a_request_that_reuses_no_prefix_computes_its_whole_prompt() -> None:
+    """reuse_prefix False (a prompt to score): no hit is taken, but its blocks are offered."""
     rig = create_rig()
-    sched = rig.scheduler
     rig.add(Request(sid("first"), [*PREFIX, 13], 1))
     rig.run()
-    cached_before = sched.stats().kv_blocks_cached
-    rig.add(Request(sid("scored"), [*PREFIX, 14], 1, share_prefix=False))
+    rig.add(Request(sid("scored"), [*PREFIX, 14, 15, 16, 17, 18], 1, reuse_prefix=False))
     plan, events = rig.step()
     assert cached_tokens(events, "scored") == 0
-    assert [(s.start_pos, len(s.token_ids)) for s in plan.seqs] == [(0, 13)]
+    assert [(s.start_pos, len(s.token_ids)) for s in plan.seqs] == [(0, 17)]
     rig.run()
-    # Its blocks were never offered: the cache holds the first request's alone.
-    assert sched.stats().kv_blocks_cached == cached_before
-    rig.add(Request(sid("after"), [*PREFIX, 14], 1))
+    # Its blocks went to the cache as any request's: its fourth (14..17) is found after it.
+    rig.add(Request(sid("after"), [*PREFIX, 14, 15, 16, 17, 19], 1))
     _, events = rig.step()
-    assert cached_tokens(events, "after") == 12  # the first request's blocks, still there
+    assert cached_tokens(events, "after") == 16
 
 
 def test_cached_blocks_are_evicted_least_recently_used() -> None:
