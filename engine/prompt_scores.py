@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import cpu_kernels
 from engine.batch import SeqInput
 from engine.upload import to_device
 
@@ -136,8 +137,18 @@ class PromptScorer:
         self, hidden: torch.Tensor, targets: torch.Tensor, top_n: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = self._logits(hidden)  # (R, V) fp32
-        norm = torch.logsumexp(logits, dim=-1)
-        chosen = logits.gather(1, targets[:, None])  # (R, 1)
-        ranks = (logits > chosen).sum(dim=-1) + 1
-        values, ids = logits.topk(top_n, dim=-1)  # top_n 0: empty (R, 0)
-        return chosen[:, 0] - norm, ranks, ids, values - norm[:, None]
+        if logits.device.type == "cpu" and cpu_kernels.usable(logits):
+            return torch.ops.tandem.score_rows(logits.contiguous(), targets, top_n)
+        return score_rows(logits, targets, top_n)
+
+
+def score_rows(
+    logits: torch.Tensor, targets: torch.Tensor, top_n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's target logprob, its rank, and the top n ids and logprobs, in PyTorch (the
+    native CPU kernel's reference)."""
+    norm = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(1, targets[:, None])  # (R, 1)
+    ranks = (logits > chosen).sum(dim=-1) + 1
+    values, ids = logits.topk(top_n, dim=-1)  # top_n 0: empty (R, 0)
+    return chosen[:, 0] - norm, ranks, ids, values - norm[:, None]

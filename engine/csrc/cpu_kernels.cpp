@@ -9,6 +9,7 @@
 //   llama.cpp's q8_1), then multiplied with the weight's 4-bit (or 8-bit) codes by AVX-512 VNNI
 //   u8 x s8 dot products, scaled in fp32: w = d*q + m gives  d*da*sum(q*a) + m*da*sum(a).
 // - add_rms_norm, rope_and_store, silu_mul: one pass each over fp32 rows.
+// - score_rows: a scored prompt's logprobs, ranks and top n from its rows' logits.
 // - paged_decode: one query per sequence against its keys read through the block table,
 //   in place in the pool (no gather into a padded batch).
 // - DecodeStack: every layer of a decode-only step in one call, over the kernels above.
@@ -330,6 +331,89 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// ---- scoring a prompt's rows ------------------------------------------------------------------
+
+// Per row of logits (R, V): the log-softmax of the target token, its rank (1 + how many tokens
+// score above it) and the top n tokens' ids and log-softmax. One read of the row for its max,
+// the count and the top n, and a second for the sum of exponentials, while the row (a vocabulary
+// of floats, 200-500 KB) is still in L2: the same in PyTorch takes seven passes and as many
+// (R, V) temporaries.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> score_rows(const at::Tensor& logits,
+                                                                      const at::Tensor& targets,
+                                                                      int64_t top_n) {
+  check_rows(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2, "logits must be (rows, vocab)");
+  TORCH_CHECK(targets.scalar_type() == at::kLong && targets.is_contiguous(),
+              "targets must be contiguous int64");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(targets.numel() == rows, "one target per row");
+  TORCH_CHECK(top_n >= 0 && top_n <= vocab, "top_n must be in [0, vocab]");
+  const float* x = logits.data_ptr<float>();
+  const int64_t* target = targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(target[r] >= 0 && target[r] < vocab,
+                "target " + std::to_string(target[r]) + " is outside the vocabulary");
+  at::Tensor logprob = at::empty({rows}, logits.options());
+  at::Tensor rank = at::empty({rows}, targets.options());
+  at::Tensor top_ids = at::empty({rows, top_n}, targets.options());
+  at::Tensor top_lp = at::empty({rows, top_n}, logits.options());
+  float* lp = logprob.data_ptr<float>();
+  int64_t* rk = rank.data_ptr<int64_t>();
+  int64_t* ti = top_ids.data_ptr<int64_t>();
+  float* tv = top_lp.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<std::pair<float, int64_t>> best;  // the top n so far, best first
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * vocab;
+      const float chosen = row[target[r]];
+      const __m512 chosen16 = _mm512_set1_ps(chosen);
+      __m512 max16 = _mm512_set1_ps(-INFINITY);
+      int64_t above = 0;
+      best.clear();
+      float floor = -INFINITY;  // the n-th best so far: only a value above it enters
+      for (int64_t i = 0; i < vocab; i += 16) {
+        const __mmask16 live = vocab - i >= 16 ? 0xFFFF : (1u << (vocab - i)) - 1;
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, row + i);
+        max16 = _mm512_max_ps(max16, v);
+        above += __builtin_popcount(_mm512_cmp_ps_mask(v, chosen16, _CMP_GT_OQ));
+        if (top_n == 0) continue;
+        __mmask16 enter = _mm512_cmp_ps_mask(v, _mm512_set1_ps(floor), _CMP_GT_OQ) & live;
+        if ((int64_t)best.size() < top_n) enter = live;
+        while (enter) {
+          const int lane = __builtin_ctz(enter);
+          enter &= enter - 1;
+          const float value = row[i + lane];
+          const bool full = (int64_t)best.size() == top_n;
+          if (full && !(value > best.back().first)) continue;
+          if (full) best.pop_back();
+          // Ties keep the lower id first, as they arrive.
+          auto at = std::upper_bound(best.begin(), best.end(), value,
+                                     [](float a, const std::pair<float, int64_t>& b) { return a > b.first; });
+          best.insert(at, {value, i + lane});
+          if ((int64_t)best.size() == top_n) floor = best.back().first;
+        }
+      }
+      const float top = _mm512_reduce_max_ps(max16);
+      const __m512 top16 = _mm512_set1_ps(top);
+      __m512 sum16v = _mm512_setzero_ps();
+      for (int64_t i = 0; i < vocab; i += 16) {
+        const __mmask16 live = vocab - i >= 16 ? 0xFFFF : (1u << (vocab - i)) - 1;
+        const __m512 v = _mm512_maskz_loadu_ps(live, row + i);
+        sum16v = _mm512_add_ps(sum16v,
+                               _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(v, top16))));
+      }
+      const float norm = top + std::log(_mm512_reduce_add_ps(sum16v));
+      lp[r] = chosen - norm;
+      rk[r] = above + 1;
+      for (int64_t j = 0; j < top_n; ++j) {
+        ti[r * top_n + j] = best[j].second;
+        tv[r * top_n + j] = best[j].first - norm;
+      }
+    }
+  });
+  return {logprob, rank, top_ids, top_lp};
+}
+
 // ---- decode attention over the paged pool ----------------------------------------------------
 
 // Lane i of the result is the sum of v[i]'s 16 lanes: pairs, then quads within 128-bit lanes,
@@ -572,6 +656,8 @@ TORCH_LIBRARY(tandem, m) {
         "int n_heads, int n_kv) -> ()",
         rope_and_store);
   m.def("silu_mul(Tensor gate_up) -> Tensor", silu_mul);
+  m.def("score_rows(Tensor logits, Tensor targets, int top_n) -> (Tensor, Tensor, Tensor, Tensor)",
+        score_rows);
   m.def("paged_decode(Tensor q, Tensor pool, Tensor tables, Tensor context_lens, int block_size) "
         "-> Tensor",
         paged_decode);

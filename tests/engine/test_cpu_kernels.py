@@ -158,3 +158,32 @@ def test_a_lock_left_by_a_killed_process_does_not_stop_the_next_load(tmp_path: P
     )
     assert done.stdout.strip() == "True", done.stderr[-2000:]
     assert not (copy / "lock").exists()
+
+
+@pytest.mark.parametrize("vocab", [49152, 327])  # whole vectors, and a ragged tail
+@pytest.mark.parametrize("top_n", [0, 1, 5])
+def test_score_rows_equals_pytorch(vocab: int, top_n: int) -> None:
+    from engine.prompt_scores import score_rows
+
+    gen = torch.Generator().manual_seed(vocab + top_n)
+    logits = 4 * torch.randn(37, vocab, generator=gen)
+    logits[3, :] = 1.0  # every token tied: rank 1, the lowest ids first
+    logits[4, 100] = 60.0  # one far ahead of the rest
+    targets = torch.randint(0, vocab, (37,), generator=gen)
+    targets[4] = 100
+    lp, ranks, ids, top = torch.ops.tandem.score_rows(logits, targets, top_n)
+    want_lp, want_ranks, want_ids, want_top = score_rows(logits, targets, top_n)
+    assert torch.allclose(lp, want_lp, atol=1e-5)
+    assert torch.equal(ranks, want_ranks)
+    assert torch.allclose(top, want_top, atol=1e-5)
+    untied = [r for r in range(37) if r != 3]
+    assert torch.equal(ids[untied], want_ids[untied])
+    assert ids[3].tolist() == list(range(top_n))
+    assert (int(ranks[4]), float(lp[4])) == (1, pytest.approx(0.0, abs=1e-6))
+
+
+def test_score_rows_refuses_a_target_outside_the_vocabulary() -> None:
+    with pytest.raises(RuntimeError, match="target 10 is outside the vocabulary"):
+        torch.ops.tandem.score_rows(torch.zeros(2, 10), torch.tensor([1, 10]), 1)
+    with pytest.raises(RuntimeError, match="one target per row"):
+        torch.ops.tandem.score_rows(torch.zeros(2, 10), torch.tensor([1]), 1)
