@@ -20,6 +20,10 @@ COMMANDS = {
     "bench": ("services.cli_bench", "measure servers (tandem, or OpenAI-compatible) under load"),
     "run": ("services.cli_run", "generate offline with the engine in this process (no servers)"),
     "tokenize": ("services.cli_run", "print the token ids of a text"),
+    "perplexity": (
+        "services.cli_perplexity",
+        "a text file's perplexity under a model, offline (as llama-perplexity measures it)",
+    ),
     "models": ("services.cli_models", "list or fetch the models you can name"),
     "shm": ("services.cli_shm", "show or clean up shared-memory segments"),
 }

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="generate offline with the engine in this process (no servers)",
         description="Load a model and stream a generation to the terminal, in this process.",
     )
-    _add_model_args(run)
+    add_model_args(run)
     add_prompt_args(run)
     add_sampling_args(run)
     add_format_args(run)
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run, user_errors=(EngineError,))
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text")
-    _add_model_args(tok)
+    add_model_args(tok)
     tok.add_argument("--text", required=True, help="the text to tokenize")
     tok.add_argument(
         "--special",
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tok.set_defaults(func=_tokenize, user_errors=(EngineError,))
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=registry.DEFAULT_MODEL,
@@ -68,7 +68,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_tokenizer(args: argparse.Namespace, model_path: Path | None) -> Tokenizer:
+def load_tokenizer_of(args: argparse.Namespace, model_path: Path | None) -> Tokenizer:
     from engine.tokenizer import load_tokenizer
 
     if args.tokenizer:
@@ -79,7 +79,7 @@ def _load_tokenizer(args: argparse.Namespace, model_path: Path | None) -> Tokeni
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    tokenizer = _load_tokenizer(args, None)
+    tokenizer = load_tokenizer_of(args, None)
     ids = tokenizer.encode(args.text, allow_special=args.special, field="--text")
     if args.json:
         print(json.dumps({"token_ids": ids}))
@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(**sampling_from_args(args))
     e = build(EngineSettings, vars(args))
     model_path = registry.resolve(args.model, args.home)
-    tokenizer = _load_tokenizer(args, model_path)
+    tokenizer = load_tokenizer_of(args, model_path)
     if args.chat:
         prompt_ids = tokenizer.encode_chat(chat_messages(args))
     elif args.prompt is not None:

@@ -178,6 +178,29 @@ def test_engine_errors_after_loading(
     assert code == 2 and "corrupt.gguf" in err
 
 
+@pytest.mark.slow
+def test_perplexity_of_a_text_file(
+    capsys: pytest.CaptureFixture[str], default_gguf: Path, tmp_path: Path
+) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("The cat sat on the mat. The dog lay on the rug. " * 40)
+    argv = ["perplexity", "--model", str(default_gguf), "--file", str(text), "--ctx", "128"]
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["windows"] == result["tokens"] // 128 > 1
+    assert result["tokens_scored"] == result["windows"] * 63
+    # A text this repetitive is easy to predict, past the first sentences of each window.
+    assert 1 < result["perplexity"] < 5 and 0 < result["error"] < result["perplexity"]
+    assert "perplexity: 100%" in err  # the progress bar
+    short = tmp_path / "short.txt"
+    short.write_text("Too short.")
+    code, _, err = run_cli(capsys, "perplexity", "--model", str(default_gguf), "--file", str(short))
+    assert code == 2 and "do not fill one window of 512" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "perplexity", "--file", str(tmp_path / "missing.txt"))
+    assert code == 2 and "missing.txt" in err
+
+
 def test_models_list_names_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "models", "list")
     assert code == 0 and "smollm2-135m-instruct" in out and "[default]" in out and "llama3" in out
