@@ -50,19 +50,20 @@ def llama_perplexity(binary: str, model: Path, text: Path, ctx: int) -> dict[str
     cmd = [binary, "-m", str(model), "-f", str(text), "-c", str(ctx), "-t", "2"]
     log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
-    # Its log lines begin with the time since start (m.ss.mmm): scoring is from the line that
-    # announces it to the final estimate.
-    stamps = {
-        key: re.search(rf"^(\d+)\.(\d+)\.(\d+) I .*{key}", log, re.MULTILINE)
-        for key in ("calculating perplexity", "Final estimate")
-    }
-    if final is None or None in stamps.values():
+    # Its log lines begin with the time since start (minutes.seconds.ms.us; the final estimate's
+    # may follow the progress line without a line break): scoring is from the line announcing it
+    # to the final estimate.
+    stamp = r"(\d+)\.(\d+)\.(\d+)\.(\d+) I "
+    begun = re.search(stamp + r"perplexity: calculating perplexity", log)
+    ended = re.search(stamp + r"Final estimate", log)
+    if final is None or begun is None or ended is None:
         raise RuntimeError(f"llama-perplexity printed no estimate:\n{log[-2000:]}")
 
     def seconds(m: re.Match[str]) -> float:
-        return int(m.group(1)) * 60 + int(m.group(2)) + int(m.group(3)) / 1000
+        minutes, secs, ms, us = (int(g) for g in m.groups())
+        return minutes * 60 + secs + ms / 1e3 + us / 1e6
 
-    spent = seconds(stamps["Final estimate"]) - seconds(stamps["calculating perplexity"])  # type: ignore[arg-type]
+    spent = seconds(ended) - seconds(begun)
     return {"perplexity": float(final.group(1)), "error": float(final.group(2)), "seconds": spent}
 
 
