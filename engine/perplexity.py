@@ -51,9 +51,10 @@ def perplexity(
     ctx: int,
     bos: int | None,
     step_tokens: int = 2048,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, float], None] | None = None,
 ) -> Perplexity:
-    """progress: called with the number of windows each step finished."""
+    """progress: called after each step with the windows it finished and the perplexity so far
+    (llama-perplexity prints that running estimate too)."""
     if ctx < 4 or ctx > engine.config.max_seq_len:
         raise InvalidRequest("ctx", f"must be in [4, {engine.config.max_seq_len}], got {ctx}")
     chunks = windows(ids, ctx, bos)
@@ -89,7 +90,7 @@ def perplexity(
             first = ctx // 2 + 1
             nll += [-lp for lp in scores.logprobs[first - scores.start :]]
         if progress is not None:
-            progress(len(group))
+            progress(len(group), math.exp(math.fsum(nll) / len(nll)))
     mean = math.fsum(nll) / len(nll)
     variance = math.fsum((x - mean) ** 2 for x in nll) / max(1, len(nll) - 1)
     ppl = math.exp(mean)

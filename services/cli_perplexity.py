@@ -57,7 +57,12 @@ def _perplexity(args: argparse.Namespace) -> int:
     try:
         started = time.perf_counter()
         with tqdm(total=count, unit="window", desc="perplexity", file=sys.stderr) as bar:
-            result = perplexity(engine, ids, args.ctx, bos, args.step_tokens, bar.update)
+
+            def advance(windows_done: int, so_far: float) -> None:
+                bar.set_postfix(ppl=f"{so_far:.4f}", refresh=False)
+                bar.update(windows_done)
+
+            result = perplexity(engine, ids, args.ctx, bos, args.step_tokens, advance)
         seconds = time.perf_counter() - started
     finally:
         engine.close()

@@ -192,7 +192,7 @@ def test_perplexity_of_a_text_file(
     assert result["tokens_scored"] == result["windows"] * 63
     # A text this repetitive is easy to predict, past the first sentences of each window.
     assert 1 < result["perplexity"] < 5 and 0 < result["error"] < result["perplexity"]
-    assert "perplexity: 100%" in err  # the progress bar
+    assert "perplexity: 100%" in err and "ppl=" in err  # the progress bar, the running estimate
     short = tmp_path / "short.txt"
     short.write_text("Too short.")
     code, _, err = run_cli(capsys, "perplexity", "--model", str(default_gguf), "--file", str(short))
