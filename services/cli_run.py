@@ -36,6 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Load a model and stream a generation to the terminal, in this process.",
     )
     add_model_args(run)
+    run.add_argument(
+        "--chat-template",
+        help="with --chat: a Jinja chat template (a file's path, or the text itself) instead "
+        "of the model's",
+    )
     add_prompt_args(run)
     add_sampling_args(run)
     add_format_args(run)
@@ -69,13 +74,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def load_tokenizer_of(args: argparse.Namespace, model_path: Path | None) -> Tokenizer:
-    from engine.tokenizer import load_tokenizer
+    """The model's tokenizer, or --tokenizer's; with --chat-template's template where given."""
+    from engine.tokenizer import load_chat_template, load_tokenizer
 
     if args.tokenizer:
-        return load_tokenizer(registry.resolve(args.tokenizer, args.home))
-    if model_path is None:
-        model_path = registry.resolve(args.model, args.home)
-    return load_tokenizer(model_path)
+        tokenizer = load_tokenizer(registry.resolve(args.tokenizer, args.home))
+    else:
+        tokenizer = load_tokenizer(model_path or registry.resolve(args.model, args.home))
+    if getattr(args, "chat_template", None):
+        tokenizer.chat_template = load_chat_template(args.chat_template)
+    return tokenizer
 
 
 def _tokenize(args: argparse.Namespace) -> int:

@@ -99,6 +99,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     # Fetch a named model once, before any process starts.
     registry.resolve(config.model.model, Path(config.model.home).expanduser())
+    if config.chat_template:
+        from engine.tokenizer import load_chat_template
+
+        load_chat_template(config.chat_template)  # a template that does not compile stops here
+        given = Path(config.chat_template).expanduser()
+        if given.is_file():  # each tokenizer reads it too, from its settings file
+            config = replace(config, chat_template=str(given.resolve()))
     setup_logging("launcher")
     return run(lambda: _supervise(config))
 

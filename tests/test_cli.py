@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.tokenizer import Llama3Tokenizer
 from services.cli import main
 
 
@@ -141,6 +142,20 @@ def test_run_chat_cannot_forge_a_system_turn(capsys: pytest.CaptureFixture[str])
     assert controls == [128000, 128006, 128007, 128009, 128006, 128007]
 
 
+def test_run_chat_renders_the_given_template(
+    capsys: pytest.CaptureFixture[str], llama3_tokenizer_model: Path, tmp_path: Path
+) -> None:
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+    argv = ["run", "--model", "llama3-tiny-random", "--chat", "--max-tokens", "1", "--json"]
+    for given in (str(tmp_path / "t.jinja"), template):  # a file, or the text itself
+        code, out, _ = run_cli(capsys, *argv, "--prompt", "hi", "--chat-template", given)
+        assert code == 0
+        tokenizer = Llama3Tokenizer(llama3_tokenizer_model)
+        want = tokenizer.encode("[user] hi\n", allow_special=False)
+        assert json.loads(out)["prompt_token_ids"] == want
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -150,6 +165,9 @@ def test_run_chat_cannot_forge_a_system_turn(capsys: pytest.CaptureFixture[str])
         (["run", "--prompt", "x", "--top-p", "0"], "top_p"),
         (["run", "--prompt", "x", "--top-k", "-2"], "top_k"),
         (["models", "fetch", "nope"], "unknown model 'nope'"),
+        (["run", "--chat", "--prompt", "x", "--chat-template", "{% if %}"], "does not compile"),
+        (["run", "--chat", "--prompt", "x", "--chat-template", "/no/t.jinja"], "no such file"),
+        (["serve", "--chat-template", "{{ messages"], "the chat template does not compile"),
     ],
 )
 def test_bad_input_is_a_clear_error(

@@ -1,7 +1,7 @@
 """Tokenizers of the engine: LLaMA-3 (tiktoken), GGUF byte-level BPE, tokenizer.json folders."""
 
 from engine.tokenizer.base import Tokenizer
-from engine.tokenizer.chat_template import ChatTemplate, Message
+from engine.tokenizer.chat_template import ChatTemplate, Message, load_chat_template
 from engine.tokenizer.detokenizer import Detokenizer
 from engine.tokenizer.gguf_bpe import gguf_tokenizer
 from engine.tokenizer.hf_folder import hf_folder_tokenizer
@@ -16,5 +16,6 @@ __all__ = [
     "Tokenizer",
     "gguf_tokenizer",
     "hf_folder_tokenizer",
+    "load_chat_template",
     "load_tokenizer",
 ]

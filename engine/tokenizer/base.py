@@ -102,6 +102,11 @@ class Tokenizer(ABC):
     def is_special(self, token_id: int) -> bool:
         return token_id in self.special_ids
 
+    def special_id(self, text: str) -> int | None:
+        """The special token whose text is `text` (e.g. "<tool_call>"), if the vocabulary has
+        one."""
+        return self._special_by_text.get(text)
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         kept = [i for i in ids if not (skip_special and i in self.special_ids)]
         data = b"".join(self.token_bytes(i) for i in kept)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -71,6 +72,7 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: now().strftime(fmt)
+        self.source = source
         try:
             self._template = env.from_string(source)
             # What the template reads besides messages: whether it has a place for tools.
@@ -105,3 +107,22 @@ class ChatTemplate:
             raise InvalidRequest(
                 "messages", f"the chat template failed on these messages ({type(err).__name__})"
             ) from err
+
+
+def load_chat_template(given: str) -> ChatTemplate:
+    """A chat template given on the command line: a file's path, or the Jinja text itself (as
+    vLLM's --chat-template takes it). A value with no Jinja markup that names no file is an
+    error that says so, not a template that renders that text."""
+    path = Path(given).expanduser()
+    if path.is_file():
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ModelFormatError(f"cannot read the chat template {path}: {err}") from err
+        return ChatTemplate(source)
+    if "{{" in given or "{%" in given:
+        return ChatTemplate(given)
+    raise ModelFormatError(
+        f"chat template {given!r}: no such file, and no Jinja markup ({{{{ ... }}}} or "
+        "{% ... %}) to read it as a template"
+    )

@@ -28,7 +28,7 @@ async def serve(config: TokenizerConfig) -> int:
         from grpc import aio
 
         from engine import registry
-        from engine.tokenizer import load_tokenizer
+        from engine.tokenizer import load_chat_template, load_tokenizer
         from services.tokenizer.admission import Admission
         from services.tokenizer.auth import ApiKeys, AuthInterceptor
         from services.tokenizer.metrics import TokenizerMetrics
@@ -41,6 +41,8 @@ async def serve(config: TokenizerConfig) -> int:
 
         home, name = Path(config.model.home).expanduser(), config.model.model
         tokenizer = load_tokenizer(registry.resolve(config.tokenizer or name, home))
+        if config.chat_template:
+            tokenizer.chat_template = load_chat_template(config.chat_template)
         metrics = TokenizerMetrics(name)
         arena = Arena.create(config.arena_mb << 20) if config.transport == "shm" else None
         if arena is not None:
@@ -76,7 +78,13 @@ async def serve(config: TokenizerConfig) -> int:
             from services.tokenizer.http.app import create_app
             from services.tokenizer.http.server import HttpServer
 
-            app = create_app(admission, keys, metrics.registry, config.http_body_timeout_s)
+            app = create_app(
+                admission,
+                keys,
+                metrics.registry,
+                config.http_body_timeout_s,
+                config.tool_call_format,
+            )
             http = HttpServer(app, config.host, config.http_port, config.tls, grace_s=GRACE_S)
 
         async def start() -> None:

@@ -18,6 +18,18 @@ class EdgeSettings:
 
     model: ModelSettings = field(default_factory=ModelSettings)
     tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
+    chat_template: str = flag(
+        "",
+        "a Jinja chat template, as a file's path or the text itself, instead of the model's "
+        "(for a model that has none, or to change it)",
+    )
+    tool_call_format: str = flag(
+        "auto",
+        "how the model writes tool calls, which the HTTP API holds its replies to and reads: "
+        'json ({"name", "parameters"}, LLaMA-3.x), hermes (<tool_call>...</tool_call>), '
+        "mistral ([TOOL_CALLS] [...]); auto: from the chat template's text",
+        choices=("auto", "json", "hermes", "mistral"),
+    )
     host: str = flag("127.0.0.1", "public address to bind")
     port: int = flag(50051, "public gRPC port (0: a free one)")
     http_port: int = flag(8000, "public OpenAI-compatible HTTP port, on --host (0: off)")

@@ -40,6 +40,7 @@ class GenerateSpec:
     priority: int
     session_id: str | None
     split_special_tokens: bool = False
+    skip_special_tokens: bool = True  # special tokens the model writes leave no text
     n: int = 1  # sequences from the prompt, each its own scheduler request
     output_format: OutputFormat | None = None  # None: free text
     tools: list[Any] | None = None  # for the chat template (OpenAI's form)
@@ -162,6 +163,7 @@ def parse_generate(
         priority=req.priority,
         session_id=req.session_id or None,
         split_special_tokens=req.split_special_tokens,
+        skip_special_tokens=not req.HasField("skip_special_tokens") or req.skip_special_tokens,
         n=req.n or 1,
         output_format=_output_format(req),
         tools=tools,

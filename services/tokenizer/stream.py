@@ -29,7 +29,7 @@ class TextStream:
         """scored_prompt: the prompt's ids, where this sequence scores it (prompt_logprobs)."""
         self.request_id = spec.request_id
         self.prompt = None if scored_prompt is None else PromptLogprobs(scored_prompt)
-        self.detok = Detokenizer(tokenizer, skip_special=True)
+        self.detok = Detokenizer(tokenizer, skip_special=spec.skip_special_tokens)
         self.stops = StopStringMatcher(spec.stop_strings)
         self.stop_token_ids = stop_ids
         self.logprobs = spec.sampling.logprobs

@@ -49,6 +49,7 @@ from services.tokenizer.http.schemas import (
     ModelList,
 )
 from services.tokenizer.http.tokenize_routes import tokenize_routes
+from services.tokenizer.http.tool_formats import ToolFormat
 from shm.errors import ShmError
 
 T = TypeVar("T")
@@ -87,9 +88,16 @@ class _RequestId:
 
 
 def create_app(
-    admission: Admission, keys: ApiKeys, registry: CollectorRegistry, body_timeout_s: float = 0.0
+    admission: Admission,
+    keys: ApiKeys,
+    registry: CollectorRegistry,
+    body_timeout_s: float = 0.0,
+    tool_call_format: str = "auto",
 ) -> FastAPI:
-    """body_timeout_s: how long a request's body may take to arrive (0: no limit)."""
+    """body_timeout_s: how long a request's body may take to arrive (0: no limit);
+    tool_call_format: how the model writes tool calls (tool_formats.py; auto: as its chat
+    template shows)."""
+    tool_form = ToolFormat.of(admission.tokenizer, tool_call_format)
     app = FastAPI(
         title="tandem",
         summary="OpenAI-compatible API of a tandem server",
@@ -164,7 +172,8 @@ def create_app(
 
     @v1.post("/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await serve(request, chat_plan(body, request.state.request_id, a.model_name))
+        plan = chat_plan(body, request.state.request_id, a.model_name, tool_form)
+        return await serve(request, plan)
 
     @v1.post("/completions", response_model=Completion)
     async def completions(body: CompletionRequest, request: Request) -> Response:

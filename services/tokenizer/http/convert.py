@@ -19,6 +19,7 @@ from services.tokenizer.http.schemas import (
     _Sampling,
 )
 from services.tokenizer.http.tool_calls import Calls, tool_calls
+from services.tokenizer.http.tool_formats import LLAMA_JSON, ToolFormat
 from tandem.v1 import generation_pb2 as pb
 
 _FLOAT32_MAX = 3.4028234663852886e38
@@ -47,10 +48,15 @@ class Plan:
     prompt_logprobs: int | None = None  # vLLM's: the prompt's scores, with these alternatives
 
 
-def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> Plan:
+def chat_plan(
+    body: ChatCompletionRequest,
+    request_id: str,
+    model_name: str,
+    tool_form: ToolFormat = LLAMA_JSON,
+) -> Plan:
     _refuse_unsupported_chat(body)
     request = _common(body, request_id, model_name)
-    _add_messages(request.chat, body.messages)
+    _add_messages(request.chat, body.messages, tool_form)
     max_tokens = body.max_completion_tokens or body.max_tokens  # both at least 1
     if max_tokens is not None:
         request.max_tokens = max_tokens
@@ -58,7 +64,7 @@ def chat_plan(body: ChatCompletionRequest, request_id: str, model_name: str) -> 
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
     plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
     plan = _score_prompts(plan, body.prompt_logprobs)
-    calls, param = tool_calls(body, request)
+    calls, param = tool_calls(body, request, tool_form)
     return dataclasses.replace(plan, calls=calls, format_param=param or plan.format_param)
 
 
@@ -129,7 +135,9 @@ def detokenize_request(
     return pb.DetokenizeRequest(model=body.model or "", token_ids=body.tokens)
 
 
-def _add_messages(chat: pb.ChatMessages, messages: list[ChatMessage]) -> None:
+def _add_messages(
+    chat: pb.ChatMessages, messages: list[ChatMessage], tool_form: ToolFormat = LLAMA_JSON
+) -> None:
     """Text messages into the gRPC API's chat; what is not text is refused. An assistant's tool
     calls become its text, in the form tool_choice "required" or "auto" holds a reply to."""
     for i, message in enumerate(messages):
@@ -141,8 +149,8 @@ def _add_messages(chat: pb.ChatMessages, messages: list[ChatMessage]) -> None:
                 except json.JSONDecodeError as err:
                     field = f"messages[{i}].tool_calls[{j}].function.arguments"
                     raise InvalidRequest(field, f"is not JSON: {err}") from None
-                calls.append({"name": call.function.name, "parameters": parameters})
-            text = json.dumps(calls if len(calls) > 1 else calls[0], ensure_ascii=False)
+                calls.append((call.function.name, parameters))
+            text = tool_form.write(calls)
             said = f"{message.content}\n{text}" if isinstance(message.content, str) else text
             chat.messages.add(role="assistant", content=said)
             continue
@@ -216,6 +224,8 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
         priority=body.priority or 0,
         session_id=body.session_id or "",
     )
+    if body.skip_special_tokens is not None:
+        request.skip_special_tokens = body.skip_special_tokens
     s = request.sampling
     if body.top_k is not None:
         s.top_k = max(body.top_k, 0)  # vLLM's -1 is our 0: off

@@ -13,7 +13,6 @@ from typing import Any
 
 from engine.tokenizer import Tokenizer
 from services.tokenizer.http.convert import Plan
-from services.tokenizer.http.tool_calls import begins_as_calls
 from tandem.v1 import generation_pb2 as pb
 
 
@@ -135,9 +134,17 @@ class Output:
             delta = {"role": "assistant", "content": None if choice.held else ""}
             out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
         calls = self.plan.calls
-        if calls is not None and calls.auto and not choice.decided and text:
-            # "auto": a reply is calls or text from its first character (its grammar's).
-            choice.held, choice.decided = begins_as_calls(text), True
+        if calls is not None and not choice.decided and (text or finish):
+            # "auto": a reply is calls or text as its beginning says (its grammar's), which may
+            # take a marker's few tokens; until then its text is held back.
+            choice.text.append(text)
+            text = "".join(choice.text)
+            verdict = calls.verdict(text)
+            if verdict is None and not finish:
+                body = {"index": index, "delta": {}, "logprobs": self._logprobs(tokens)}
+                return [*out, self._chunk([{**body, "finish_reason": None}])]
+            choice.held, choice.decided = bool(verdict), True
+            choice.text.clear()
         body: dict[str, Any] = {"index": index, "delta": {"content": text} if text else {}}
         if choice.held:
             # The calls are sent whole, once their JSON is: held until the end.

@@ -117,6 +117,7 @@ class _Sampling(_Request):
     logit_bias: dict[TokenIdText, Bias] | None = None  # token id (as a string) -> its bias
     min_tokens: Count | None = None
     ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens' text
     priority: Int32 | None = None  # higher runs first (tandem's order; vLLM's is the reverse)
     session_id: str | None = None  # keeps a conversation's KV cached for its next turn
     user: str | None = None

@@ -10,6 +10,7 @@ from typing import Any
 from engine.errors import InvalidRequest
 from engine.guided import JSON_LAYOUT
 from services.tokenizer.http.schemas import ChatCompletionRequest, Tool
+from services.tokenizer.http.tool_formats import JSON, LLAMA_JSON, ToolFormat
 from tandem.v1 import generation_pb2 as pb
 
 # JSON Schema's keywords by what their values are: annotations, which hold nothing; maps of
@@ -31,11 +32,12 @@ _NOT_JSON = "TEXT: /[^\\[{][\\s\\S]*/"  # a reply that does not begin as calls d
 @dataclass(frozen=True)
 class Calls:
     """How a held output becomes tool calls: `function` named by tool_choice, the output being
-    its arguments; or None, the output a {"name", "parameters"} object or a JSON list of them
-    (tool_choice "required"), or else text (tool_choice "auto": a reply that begins with "{"
-    or "[" is calls, held to their schemas; any other is text)."""
+    its arguments; or None, the output calls in the model's `form` (tool_choice "required"),
+    or else text (tool_choice "auto": a reply that begins as calls do is calls, held to their
+    schemas; any other is text)."""
 
     function: str | None
+    form: ToolFormat = LLAMA_JSON
     auto: bool = False
 
     def read(self, text: str) -> list[dict[str, str]] | None:
@@ -43,27 +45,20 @@ class Calls:
         reply that ended by itself; None where it is text (or a stop string cut it)."""
         if self.function is not None:
             return [{"name": self.function, "arguments": text}]
-        if self.auto and not begins_as_calls(text):
+        if self.auto and not self.form.verdict(text):
             return None
-        try:
-            parsed = json.loads(text)
-            return [
-                {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}
-                for c in (parsed if isinstance(parsed, list) else [parsed])
-            ]
-        except (ValueError, TypeError, KeyError):
-            return None
+        return self.form.read(text)
 
-
-def begins_as_calls(text: str) -> bool:
-    """Whether a reply held by tool_choice "auto" is calls: its first character says."""
-    return text[:1] in ("{", "[")
+    def verdict(self, text: str) -> bool | None:
+        """Whether a reply beginning with `text` is calls; None while it cannot yet be told."""
+        return self.form.verdict(text) if self.auto else True
 
 
 def tool_calls(
-    body: ChatCompletionRequest, request: pb.GenerateRequest
+    body: ChatCompletionRequest, request: pb.GenerateRequest, form: ToolFormat
 ) -> tuple[Calls | None, str | None]:
-    """tools and tool_choice as an output format: the calls' JSON, held to their schemas."""
+    """tools and tool_choice as an output format: calls in the model's form, held to their
+    schemas."""
     tools = body.tools or []
     choice = body.tool_choice or ("auto" if tools else "none")
     if choice == "none":
@@ -91,14 +86,24 @@ def tool_calls(
     request.chat.tools = json.dumps([t.model_dump(exclude_none=True) for t in tools])
     out = request.output_format
     if choice in ("required", "auto"):
-        schema = _calls_schema([arguments(t) for t in tools], names, body.parallel_tool_calls)
-        if choice == "required":
-            out.json_schema = json.dumps(schema)
-            return Calls(None), "tools"
+        auto = choice == "auto"
+        call = _call_schema([arguments(t) for t in tools], names, form.arguments_key)
+        parallel = body.parallel_tool_calls is not False
+        if form.keeps_special_tokens:  # the markers are special tokens: their text is read
+            request.skip_special_tokens = False
+        if form.name != JSON:
+            out.grammar = form.grammar(call, parallel, auto)
+            return Calls(None, form, auto), "tools"
+        if parallel:
+            listed = {"type": "array", "minItems": 1, "items": call}
+            call = {"$defs": call.pop("$defs"), "anyOf": [call, listed]}
+        if not auto:
+            out.json_schema = json.dumps(call)
+            return Calls(None, form), "tools"
         # Text, or calls: a reply's first character says which.
-        schema["x-guidance"] = JSON_LAYOUT
-        out.grammar = f"start: TEXT | calls\ncalls: %json {json.dumps(schema)}\n{_NOT_JSON}\n"
-        return Calls(None, auto=True), "tools"
+        call["x-guidance"] = JSON_LAYOUT
+        out.grammar = f"start: TEXT | calls\ncalls: %json {json.dumps(call)}\n{_NOT_JSON}\n"
+        return Calls(None, form, auto=True), "tools"
     assert not isinstance(choice, str)
     name = choice.function.name
     if name not in names:
@@ -110,12 +115,12 @@ def tool_calls(
     return Calls(name), f"tools[{i}].function.parameters"
 
 
-def _calls_schema(
-    parameters: list[dict[str, Any]], names: list[str], parallel: bool | None
+def _call_schema(
+    parameters: list[dict[str, Any]], names: list[str], arguments_key: str
 ) -> dict[str, Any]:
-    """A call of any of the tools, {"name", "parameters"} held to that tool's schema; unless
-    `parallel` is False, or a list of them. Each tool's schema is written once, under $defs
-    (its own $defs with it, its references made to point there)."""
+    """A call of any of the tools, {"name", arguments_key} ("parameters" or "arguments") held
+    to that tool's schema. Each tool's schema is written once, under $defs (its own $defs with
+    it, its references made to point there)."""
     defs: dict[str, Any] = {}
     for i, (schema, name) in enumerate(zip(parameters, names, strict=True)):
         own = {**schema}
@@ -128,18 +133,16 @@ def _calls_schema(
         defs[f"t{i}"] = _rebased(own, i)
         defs[f"call{i}"] = {
             "type": "object",
-            "properties": {"name": {"const": name}, "parameters": {"$ref": f"#/$defs/t{i}"}},
-            "required": ["name", "parameters"],
+            "properties": {"name": {"const": name}, arguments_key: {"$ref": f"#/$defs/t{i}"}},
+            "required": ["name", arguments_key],
             "additionalProperties": False,
         }
-    calls = [{"$ref": f"#/$defs/call{i}"} for i in range(len(names))]
-    listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-    return {"$defs": defs, "anyOf": calls if parallel is False else [*calls, listed]}
+    return {"$defs": defs, "anyOf": [{"$ref": f"#/$defs/call{i}"} for i in range(len(names))]}
 
 
 def _rebased(schema: Any, i: int) -> Any:
     """`schema` (part of tool i's parameters) with each reference into its document made to
-    point where _calls_schema puts that document, and without the keywords that hold nothing
+    point where _call_schema puts that document, and without the keywords that hold nothing
     (descriptions, titles: the model reads them in the tools, the grammar need not carry them)."""
     if not isinstance(schema, dict):
         return schema  # true or false

@@ -1,0 +1,84 @@
+"""`tandem serve --chat-template FILE`: the template renders every chat, and the tool-call form it
+shows the model is the one replies are held to and read back: a Hermes-style template has the
+default model answer in <tool_call> tags, which reach the client as OpenAI's tool_calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from engine.tokenizer import ChatTemplate, load_tokenizer
+from harness.pipeline import Pipeline, pipeline
+
+pytestmark = pytest.mark.slow
+
+# Hermes' form in ChatML, much shortened: the tools in the system turn, calls in tags.
+TEMPLATE = """{% for m in messages %}<|im_start|>{{ m.role }}
+{% if loop.first and tools %}You may call these tools: {{ tools | tojson }}
+Reply with <tool_call>{"name": ..., "arguments": ...}</tool_call>.
+{% endif %}{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    folder = tmp_path_factory.mktemp("template")
+    (folder / "hermes.jinja").write_text(TEMPLATE, encoding="utf-8")
+    with pipeline(folder, "--chat-template", str(folder / "hermes.jinja")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sdk(served: Pipeline) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served.http_url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def test_the_given_template_renders_the_chat(served: Pipeline, default_gguf: Path) -> None:
+    tokenizer = load_tokenizer(default_gguf)
+    tokenizer.chat_template = ChatTemplate(TEMPLATE)
+    got = httpx.post(f"{served.http_url.removesuffix('/v1')}/tokenize", json={"messages": ASK})
+    assert got.status_code == 200, got.text
+    assert got.json()["tokens"] == tokenizer.encode_chat(ASK)
+
+
+def test_required_calls_are_written_in_tags_and_read_back(sdk: openai.OpenAI) -> None:
+    asked = dict(
+        model="", messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0,
+        max_tokens=64, parallel_tool_calls=False,
+    )  # fmt: skip
+    reply = sdk.chat.completions.create(**asked)  # type: ignore[call-overload]
+    (choice,) = reply.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])  # type: ignore[index]
+    chunks = list(sdk.chat.completions.create(**asked, stream=True))  # type: ignore[call-overload]
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    (streamed,) = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert streamed.function is not None
+    assert json.loads(streamed.function.arguments or "") == arguments  # greedy: the same call
+    # What the model wrote, tags and all: the completion of the same prompt, held the same way.
+    assert reply.usage is not None and reply.usage.completion_tokens > 12

@@ -1,0 +1,208 @@
+"""Tool calls in a model family's own form (hermes' <tool_call> tags, mistral's [TOOL_CALLS]
+list): the form read off the chat template, replies held to it by llguidance, read back into
+OpenAI's tool_calls, whole and streamed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from engine.guided import OutputFormat, compile_format, grammar_tokenizer
+from engine.tokenizer import ChatTemplate, Tokenizer, load_tokenizer
+from services.tokenizer.http.convert import Plan, chat_plan
+from services.tokenizer.http.output import Output
+from services.tokenizer.http.schemas import ChatCompletionRequest
+from services.tokenizer.http.tool_formats import (
+    HERMES,
+    JSON,
+    MISTRAL,
+    ToolFormat,
+    detect,
+    not_beginning,
+)
+from tandem.v1 import generation_pb2 as pb
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+ROME = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+TAGGED = f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{ROME}\n</tool_call>"
+LISTED = f"[TOOL_CALLS] [{PARIS}, {ROME}]"
+HERMES_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}Answer with <tool_call>{...}</tool_call>{% endif %}<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def vocabulary(default_gguf: Path) -> tuple[Tokenizer, llguidance.LLTokenizer]:
+    tokenizer = load_tokenizer(default_gguf)
+    return tokenizer, grammar_tokenizer(tokenizer, tokenizer.vocab_size)
+
+
+def plan_of(form: ToolFormat, **body: Any) -> Plan:
+    messages = [{"role": "user", "content": "x"}]
+    request = ChatCompletionRequest.model_validate({"messages": messages, **body})
+    return chat_plan(request, "r", "m", form)
+
+
+def holds(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer], grammar: str, ids: list[int]
+) -> bool:
+    """Whether the grammar lets a reply of exactly these tokens end there."""
+    _, lltokenizer = vocabulary
+    matcher = llguidance.LLMatcher(
+        lltokenizer, compile_format(OutputFormat("grammar", grammar), lltokenizer)
+    )
+    return matcher.validate_tokens(ids) == len(ids) and (
+        matcher.consume_tokens(ids) and matcher.is_accepting()
+    )
+
+
+def test_the_form_is_read_off_the_chat_template(vocabulary: tuple[Tokenizer, Any]) -> None:
+    assert detect("{{ tools }} reply inside <tool_call></tool_call> tags") == HERMES
+    assert detect("{{ '[AVAILABLE_TOOLS]' }}...{{ '[TOOL_CALLS] ' }}") == MISTRAL
+    assert detect('Respond in JSON: {"name": ..., "parameters": ...}') == JSON
+    tokenizer, _ = vocabulary
+    assert ToolFormat.of(tokenizer).name == JSON  # the default model's template shows neither
+    hermes = copy.copy(tokenizer)
+    hermes.chat_template = ChatTemplate(HERMES_TEMPLATE)
+    assert ToolFormat.of(hermes) == ToolFormat(HERMES)  # its markers are text here
+    assert ToolFormat.of(hermes, "mistral").name == MISTRAL  # the flag wins
+    with pytest.raises(ValueError, match="unknown tool call format 'xml'"):
+        ToolFormat.of(tokenizer, "xml")
+
+
+@given(st.text(alphabet="<tol_ca>[TOLS]x", max_size=14))
+@example("<tool_call>")
+@example("<tool_call")
+@example("[TOOL_CALLS] [")
+def test_text_not_beginning_as_calls_is_exactly_that(text: str) -> None:
+    for marker in ("<tool_call>", "[TOOL_CALLS]"):
+        matched = re.fullmatch(not_beginning(marker), text) is not None
+        assert matched == (bool(text) and not text.startswith(marker))
+
+
+@pytest.mark.parametrize(("name", "calls"), [(HERMES, TAGGED), (MISTRAL, LISTED)])
+def test_replies_are_held_to_the_form_and_read_back(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer], name: str, calls: str
+) -> None:
+    tokenizer, _ = vocabulary
+    form = ToolFormat.of(tokenizer, name)
+    encode = lambda text: tokenizer.encode(text, allow_special=False)  # noqa: E731
+    required = plan_of(form, tools=[WEATHER], tool_choice="required")
+    grammar = required.requests[0].output_format.grammar
+    assert holds(vocabulary, grammar, encode(calls))
+    assert not holds(vocabulary, grammar, encode("It is sunny."))
+    wrong = calls.replace('"city"', '"town"')  # arguments outside the tool's schema
+    assert not holds(vocabulary, grammar, encode(wrong))
+    single = plan_of(form, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    assert not holds(vocabulary, single.requests[0].output_format.grammar, encode(calls))
+    auto = plan_of(form, tools=[WEATHER]).requests[0].output_format.grammar
+    assert holds(vocabulary, auto, encode(calls)) and holds(vocabulary, auto, encode("Hi."))
+    opening = calls[:12]  # text may not begin as calls do, then break the form
+    assert not holds(vocabulary, auto, encode(opening + " no call"))
+    assert holds(vocabulary, auto, encode(opening[:5] + " x"))  # a marker's start is text
+    assert required.calls is not None
+    assert required.calls.read(calls) == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+    ]
+    assert required.calls.read(calls[:-3]) is None  # cut short: no calls
+    assert not required.requests[0].HasField("skip_special_tokens")  # markers of text
+
+
+def test_a_marker_the_vocabulary_holds_is_held_as_its_special_token(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    """Where "<tool_call>" is one special token, the reply must write that token (its text
+    would be other tokens), and keeps special tokens' text so it can be read back."""
+    tokenizer, _ = vocabulary
+    # Stand-ins for the tags' tokens: special, and not the end of a sequence.
+    opening, closing = (tokenizer.special_id(t) for t in ("<jupyter_code>", "<jupyter_output>"))
+    assert opening is not None and closing is not None
+    form = ToolFormat(HERMES, (("<tool_call>", opening), ("</tool_call>", closing)))
+    plan = plan_of(form, tools=[WEATHER])
+    (request,) = plan.requests
+    assert request.HasField("skip_special_tokens") and not request.skip_special_tokens
+    body = tokenizer.encode(f"\n{PARIS}\n", allow_special=False)
+    grammar = request.output_format.grammar
+    assert holds(vocabulary, grammar, [opening, *body, closing])
+    spelled = tokenizer.encode(TAGGED, allow_special=False)  # the tags as text
+    required = plan_of(form, tools=[WEATHER], tool_choice="required")
+    assert not holds(vocabulary, required.requests[0].output_format.grammar, spelled)
+    assert not holds(vocabulary, grammar, spelled)  # nor text that begins as calls do
+    assert holds(vocabulary, grammar, tokenizer.encode("It is <tool_call>", allow_special=False))
+
+
+def streamed(plan: Plan, tokenizer: Tokenizer, *texts: str) -> list[dict[str, Any]]:
+    output = Output(tokenizer, "id", "m", plan)
+    events = []
+    for i, text in enumerate(texts):
+        finish = "stop" if i == len(texts) - 1 else ""
+        events += output.stream(0, pb.GenerateResponse(text=text, finish_reason=finish))
+    return [json.loads(e.removeprefix("data: "))["choices"][0] for e in events]
+
+
+def test_a_streamed_auto_reply_waits_for_its_beginning_to_tell(
+    vocabulary: tuple[Tokenizer, Any],
+) -> None:
+    """A marker's first characters could begin either: they are held until the text tells,
+    then sent as text, or the reply is calls, sent whole at its end."""
+    tokenizer, _ = vocabulary
+    plan = plan_of(ToolFormat(HERMES), tools=[WEATHER], stream=True)
+    text = streamed(plan, tokenizer, "<to", "o", "ls are", " here.")
+    contents = [c["delta"].get("content") for c in text]
+    assert contents[1:3] == [None, None]  # "<to", "<too": either yet
+    assert "".join(c or "" for c in contents) == "<tools are here."
+    assert contents[3] == "<tools are"  # what was held, at once
+    calls = streamed(plan, tokenizer, "<tool", "_call>\n", PARIS, "\n</tool_call>")
+    assert not any(c["delta"].get("content") for c in calls)
+    (call,) = calls[-1]["delta"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert calls[-1]["finish_reason"] == "tool_calls"
+    cut = streamed(plan, tokenizer, "<tool")  # ended while either: text
+    assert cut[-1]["delta"] == {"content": "<tool"} and cut[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("name", [JSON, HERMES, MISTRAL])
+def test_an_earlier_turns_calls_are_shown_in_the_form_they_are_read_in(name: str) -> None:
+    form = ToolFormat(name)
+    calls = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Zürich"})]
+    for said in (calls[:1], calls):
+        text = form.write(said)
+        read = [{"name": n, "arguments": json.dumps(a, ensure_ascii=False)} for n, a in said]
+        assert form.read(text) == read
+    earlier = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for n, a in calls
+        ],
+    }
+    messages = [{"role": "user", "content": "x"}, earlier, {"role": "tool", "content": "ok"}]
+    request = ChatCompletionRequest.model_validate({"messages": messages})
+    (shown,) = [m for m in chat_plan(request, "r", "m", form).requests[0].chat.messages][1:2]
+    assert shown.role == "assistant" and form.read(shown.content) is not None
+    assert shown.content.startswith(
+        {JSON: "[", HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]"}[name]
+    )
