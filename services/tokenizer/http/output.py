@@ -141,8 +141,8 @@ class Output:
             text = "".join(choice.text)
             verdict = calls.verdict(text)
             if verdict is None and not finish:
-                body = {"index": index, "delta": {}, "logprobs": self._logprobs(tokens)}
-                return [*out, self._chunk([{**body, "finish_reason": None}])]
+                waiting = {"index": index, "delta": {}, "logprobs": self._logprobs(tokens)}
+                return [*out, self._chunk([{**waiting, "finish_reason": None}])]
             choice.held, choice.decided = bool(verdict), True
             choice.text.clear()
         body: dict[str, Any] = {"index": index, "delta": {"content": text} if text else {}}
