@@ -71,6 +71,7 @@ class GenerateOptions(TypedDict, total=False):
     # Score the prompt: each of its tokens from the second on gets its logprob, rank and this
     # many alternatives (GenerationResult.prompt_logprobs); None: not scored.
     prompt_logprobs: int | None
+    skip_special_tokens: bool | None  # False keeps special tokens' text; None: the default, True
     model: str
     request_id: str
     # Call options: seconds until the gRPC deadline, and extra metadata (e.g. a traceparent).

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from engine.guided import OutputFormat, compile_format, grammar_tokenizer
 from engine.tokenizer import ChatTemplate, Tokenizer, load_tokenizer
+from services.client_types import generate_request
 from services.tokenizer.http.convert import Plan, chat_plan
 from services.tokenizer.http.output import Output
 from services.tokenizer.http.schemas import ChatCompletionRequest
@@ -28,6 +29,9 @@ from services.tokenizer.http.tool_formats import (
     detect,
     not_beginning,
 )
+from services.tokenizer.request import parse_generate
+from services.tokenizer.stream import TextStream
+from tandem.internal.v1 import hotpath_pb2 as hp
 from tandem.v1 import generation_pb2 as pb
 
 WEATHER = {
@@ -206,3 +210,20 @@ def test_an_earlier_turns_calls_are_shown_in_the_form_they_are_read_in(name: str
     assert shown.content.startswith(
         {JSON: "[", HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]"}[name]
     )
+
+
+def test_a_request_may_keep_special_tokens_text(vocabulary: tuple[Tokenizer, Any]) -> None:
+    """skip_special_tokens (vLLM's): unset or true, a special token the model writes leaves no
+    text; false keeps it (what a marker held as its special token is read back by)."""
+    tokenizer, _ = vocabulary
+    marker = tokenizer.special_id("<jupyter_code>")
+    assert marker is not None
+    hi = tokenizer.encode("hi", allow_special=False)
+    events = hp.RequestEvents(request_id="r", token_ids=[marker, *hi], finish_reason="length")
+    texts = []
+    for keep in (None, True, False):
+        request = generate_request("x", skip_special_tokens=keep)
+        assert request.HasField("skip_special_tokens") == (keep is not None)
+        spec = parse_generate(request, "", tokenizer.vocab_size, 8192)
+        texts.append(TextStream(tokenizer, spec, frozenset()).on_events(events).text)
+    assert texts == ["hi", "hi", "<jupyter_code>hi"]
