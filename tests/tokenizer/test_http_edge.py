@@ -42,6 +42,7 @@ from services.tokenizer.http.schemas import (
 )
 from services.tokenizer.http.server import HttpServer
 from tandem.v1 import generation_pb2 as pb
+from tests.tokenizer.streamed import streamed
 
 
 @pytest.mark.parametrize(
@@ -328,19 +329,10 @@ def test_an_auto_reply_streams_as_text_or_whole_as_calls(
 ) -> None:
     tokenizer, _ = vocabulary
     plan = chat_plan(chat(tools=[WEATHER], stream=True), "r", "m")
-
-    def streamed(*texts: str) -> list[dict[str, Any]]:
-        output = Output(tokenizer, "id", "m", plan)
-        events = []
-        for i, text in enumerate(texts):
-            finish = "stop" if i == len(texts) - 1 else ""
-            events += output.stream(0, pb.GenerateResponse(text=text, finish_reason=finish))
-        return [json.loads(e.removeprefix("data: "))["choices"][0] for e in events]
-
-    text = streamed("", "It is", " {sunny}.")
+    text = streamed(plan, tokenizer, "", "It is", " {sunny}.")
     assert "".join(c["delta"].get("content") or "" for c in text) == "It is {sunny}."
     assert text[-1]["finish_reason"] == "stop" and not any("tool_calls" in c["delta"] for c in text)
-    calls = streamed('{"name": "weather", ', '"parameters": {"city": "Oslo"}}')
+    calls = streamed(plan, tokenizer, '{"name": "weather", ', '"parameters": {"city": "Oslo"}}')
     assert not any(c["delta"].get("content") for c in calls)
     (call,) = calls[-1]["delta"]["tool_calls"]
     assert call["index"] == 0 and call["function"]["name"] == "weather"

@@ -19,7 +19,6 @@ from engine.guided import OutputFormat, compile_format, grammar_tokenizer
 from engine.tokenizer import ChatTemplate, Tokenizer, load_tokenizer
 from services.client_types import generate_request
 from services.tokenizer.http.convert import Plan, chat_plan
-from services.tokenizer.http.output import Output
 from services.tokenizer.http.schemas import ChatCompletionRequest
 from services.tokenizer.http.tool_formats import (
     HERMES,
@@ -32,7 +31,7 @@ from services.tokenizer.http.tool_formats import (
 from services.tokenizer.request import parse_generate
 from services.tokenizer.stream import TextStream
 from tandem.internal.v1 import hotpath_pb2 as hp
-from tandem.v1 import generation_pb2 as pb
+from tests.tokenizer.streamed import streamed
 
 WEATHER = {
     "type": "function",
@@ -155,15 +154,6 @@ def test_a_marker_the_vocabulary_holds_is_held_as_its_special_token(
     assert not holds(vocabulary, required.requests[0].output_format.grammar, spelled)
     assert not holds(vocabulary, grammar, spelled)  # nor text that begins as calls do
     assert holds(vocabulary, grammar, tokenizer.encode("It is <tool_call>", allow_special=False))
-
-
-def streamed(plan: Plan, tokenizer: Tokenizer, *texts: str) -> list[dict[str, Any]]:
-    output = Output(tokenizer, "id", "m", plan)
-    events = []
-    for i, text in enumerate(texts):
-        finish = "stop" if i == len(texts) - 1 else ""
-        events += output.stream(0, pb.GenerateResponse(text=text, finish_reason=finish))
-    return [json.loads(e.removeprefix("data: "))["choices"][0] for e in events]
 
 
 def test_a_streamed_auto_reply_waits_for_its_beginning_to_tell(
