@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -131,6 +131,9 @@ class Tokenizer(ABC):
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
         tools: list[Any] | None = None,
+        *,
+        continue_final_message: bool = False,
+        variables: Mapping[str, Any] | None = None,
         **extra: Any,
     ) -> list[int]:
         """The ids of the rendered chat, where only the template's own markup becomes control
@@ -138,14 +141,29 @@ class Tokenizer(ABC):
         Meta's reference, so no message can close its turn or forge another role's. `tools`
         (OpenAI's form) go to a template that renders them, their text kept text the same way;
         a template with no place for them (the default model's) sees them in the system
-        message (`with_tools`)."""
+        message (`with_tools`). `continue_final_message` leaves the last message open for the
+        model to continue (a reply begun by the client); `variables` are more of the template's
+        (e.g. {"enable_thinking": False}), their text kept text too."""
         template = self.chat_template
         if tools is not None and template is not None and "tools" not in template.variables:
             messages, tools = with_tools(messages, tools), None
         marked = [self._mark_message(i, m) for i, m in enumerate(messages)]
         if tools is not None:
             extra["tools"] = self._mark_tree(tools, "tools")
+        if variables:
+            own = {"messages", "tools", "add_generation_prompt", *self.special_token_text}
+            if clash := sorted(own.intersection(variables)):
+                said = ", ".join(clash)
+                raise InvalidRequest("chat_template_kwargs", f"{said}: set by tandem, not here")
+            extra.update(self._mark_tree(dict(variables), "chat_template_kwargs"))
+        if continue_final_message and add_generation_prompt:
+            raise InvalidRequest(
+                "continue_final_message",
+                "cannot be used with add_generation_prompt (which opens a new turn): set it false",
+            )
         text = self.apply_chat_template(marked, add_generation_prompt, **extra)
+        if continue_final_message:
+            text = _opened(text, marked, len(messages) - 1)
         # Special tokens split text before BPE runs, so encoding the pieces between the
         # template's specials gives the ids of the whole text when no content held one.
         ids: list[int] = []
@@ -201,3 +219,23 @@ class Tokenizer(ABC):
                 ]
             out[key] = mark(value, field)
         return out
+
+
+def _opened(text: str, messages: Sequence[Message], last: int) -> str:
+    """The rendered chat cut after the last message's content, as transformers'
+    continue_final_message cuts it: what the template writes after it (the end of its turn)
+    goes, so the model goes on with the message."""
+    content = messages[last].get("content") if isinstance(messages[last], dict) else None
+    field = f"messages[{last}].content"
+    if not isinstance(content, str):
+        raise InvalidRequest(field, "must be text to be continued (continue_final_message)")
+    if not content.strip():
+        raise InvalidRequest(field, "is empty: continue_final_message has nothing to continue")
+    for said in (content, content.strip()):  # a template may strip it
+        if (at := text.rfind(said)) >= 0:
+            return text[: at + len(said)]
+    raise InvalidRequest(
+        "continue_final_message",
+        "the chat template does not write the last message's content as given, so it cannot "
+        "be continued",
+    )

@@ -21,7 +21,12 @@ from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
 from services.tokenizer.grammars import Grammars
-from services.tokenizer.request import DEFAULT_MAX_TOKENS, GenerateSpec, parse_generate
+from services.tokenizer.request import (
+    DEFAULT_MAX_TOKENS,
+    ChatRendering,
+    GenerateSpec,
+    parse_generate,
+)
 from services.tokenizer.scheduler_link import SchedulerLink
 from services.tokenizer.stream import TextStream
 from services.tokenizer.telemetry import GenerateCall, TokenizerTelemetry
@@ -228,12 +233,21 @@ class Admission:
         allow_special: bool,
         field: str = "text",
         tools: list[Any] | None = None,
+        rendering: ChatRendering | None = None,
     ) -> list[int]:
         """The ids of `messages` (and `tools`) through the chat template, or else of `text`."""
         tok = self.tokenizer
         if messages is not None:
             size = sum(len(m["content"]) for m in messages)
-            encode_chat = partial(tok.encode_chat, messages, tools=tools)
+            r = rendering or ChatRendering()
+            encode_chat = partial(
+                tok.encode_chat,
+                messages,
+                r.add_generation_prompt,
+                tools=tools,
+                continue_final_message=r.continue_final_message,
+                variables=r.variables,
+            )
             return await off_the_loop_if_long(size, encode_chat)
         encode = partial(tok.encode_prompt, text, allow_special=allow_special, field=field)
         return await off_the_loop_if_long(len(text), encode)
@@ -248,6 +262,7 @@ class Admission:
             allow_special=allow_special,
             field="prompt.text",
             tools=spec.tools,
+            rendering=spec.rendering,
         )
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")

@@ -6,7 +6,7 @@ import json
 import math
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequest
@@ -27,6 +27,15 @@ MAX_N = 16  # sequences from one prompt
 
 
 @dataclass(frozen=True)
+class ChatRendering:
+    """How a chat is rendered besides its messages and tools (ChatMessages' options)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    variables: dict[str, Any] = field(default_factory=dict)  # more of the template's
+
+
+@dataclass(frozen=True)
 class GenerateSpec:
     request_id: str
     text: str | None
@@ -44,6 +53,7 @@ class GenerateSpec:
     n: int = 1  # sequences from the prompt, each its own scheduler request
     output_format: OutputFormat | None = None  # None: free text
     tools: list[Any] | None = None  # for the chat template (OpenAI's form)
+    rendering: ChatRendering = field(default_factory=ChatRendering)
 
 
 def check_model(name: str, model_name: str) -> None:
@@ -95,6 +105,7 @@ def parse_generate(
     check_model(req.model, model_name)
     kind = req.WhichOneof("prompt")
     text = messages = prompt_ids = tools = None
+    rendering = ChatRendering()
     max_chars = max_seq_len * MAX_CHARS_PER_TOKEN
     if kind is None:
         raise InvalidRequest("prompt", "is empty: set text, chat or token_ids")
@@ -109,6 +120,7 @@ def parse_generate(
     elif kind == "chat":
         messages = _messages(req.chat, max_chars)
         tools = chat_tools(req.chat, max_chars)
+        rendering = chat_rendering(req.chat, max_chars)
     else:
         prompt_ids = list(req.token_ids.ids)
         if not prompt_ids:
@@ -167,6 +179,7 @@ def parse_generate(
         n=req.n or 1,
         output_format=_output_format(req),
         tools=tools,
+        rendering=rendering,
     )
 
 
@@ -185,6 +198,30 @@ def chat_tools(chat: pb.ChatMessages, max_chars: int) -> list[Any] | None:
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise InvalidRequest("prompt.chat.tools", "must be a JSON list of objects")
     return tools
+
+
+def chat_rendering(chat: pb.ChatMessages, max_chars: int) -> ChatRendering:
+    """The chat's rendering options; its template variables checked to be a JSON object."""
+    variables: Any = {}
+    if chat.chat_template_kwargs:
+        name = "prompt.chat.chat_template_kwargs"
+        if len(chat.chat_template_kwargs) > max_chars:
+            raise InvalidRequest(name, f"{len(chat.chat_template_kwargs)} characters are too many")
+        try:
+            variables = json.loads(chat.chat_template_kwargs)
+        except json.JSONDecodeError as err:
+            raise InvalidRequest(name, f"is not JSON: {err}") from None
+        if not isinstance(variables, dict):
+            raise InvalidRequest(name, "must be a JSON object (variable names to values)")
+    return ChatRendering(
+        add_generation_prompt=(  # unset: true, unless the last message is to be continued
+            chat.add_generation_prompt
+            if chat.HasField("add_generation_prompt")
+            else not chat.continue_final_message
+        ),
+        continue_final_message=chat.continue_final_message,
+        variables=variables,
+    )
 
 
 def _output_format(req: pb.GenerateRequest) -> OutputFormat | None:

@@ -6,19 +6,28 @@ from __future__ import annotations
 from functools import partial
 
 from services.tokenizer.admission import Admission, off_the_loop_if_long
-from services.tokenizer.request import MAX_CHARS_PER_TOKEN, chat_tools, check_model
+from services.tokenizer.request import (
+    MAX_CHARS_PER_TOKEN,
+    chat_rendering,
+    chat_tools,
+    check_model,
+)
 from tandem.v1 import generation_pb2 as pb
 
 
 async def tokenize(admission: Admission, request: pb.TokenizeRequest) -> list[int]:
     """The ids a Generate request with this prompt would run: a chat through the template."""
     check_model(request.model, admission.model_name)
-    messages = tools = None
+    messages = tools = rendering = None
     if request.WhichOneof("input") == "chat":
+        max_chars = admission.max_seq_len * MAX_CHARS_PER_TOKEN
         messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-        tools = chat_tools(request.chat, admission.max_seq_len * MAX_CHARS_PER_TOKEN)
+        tools = chat_tools(request.chat, max_chars)
+        rendering = chat_rendering(request.chat, max_chars)
     allow_special = not request.split_special_tokens
-    return await admission.encode(request.text, messages, allow_special=allow_special, tools=tools)
+    return await admission.encode(
+        request.text, messages, allow_special=allow_special, tools=tools, rendering=rendering
+    )
 
 
 async def detokenize(admission: Admission, request: pb.DetokenizeRequest) -> str:

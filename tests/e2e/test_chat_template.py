@@ -82,3 +82,29 @@ def test_required_calls_are_written_in_tags_and_read_back(sdk: openai.OpenAI) ->
     assert json.loads(streamed.function.arguments or "") == arguments  # greedy: the same call
     # What the model wrote, tags and all: the completion of the same prompt, held the same way.
     assert reply.usage is not None and reply.usage.completion_tokens > 12
+
+
+def test_a_begun_reply_is_continued_as_its_prompt_would_be(
+    served: Pipeline, sdk: openai.OpenAI, default_gguf: Path
+) -> None:
+    """continue_final_message (with echo): the reply the client began is continued, as a
+    completion of the same rendered ids continues it, and comes first in the answer."""
+    begun = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "My favourite colour is"},
+    ]
+    root = served.http_url.removesuffix("/v1")
+    asked = {"messages": begun, "continue_final_message": True}
+    ids = httpx.post(f"{root}/tokenize", json=asked).json()["tokens"]
+    tokenizer = load_tokenizer(default_gguf)
+    tokenizer.chat_template = ChatTemplate(TEMPLATE)
+    assert ids == tokenizer.encode_chat(begun, False, continue_final_message=True)
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\nMy favourite colour is")
+    reply = sdk.chat.completions.create(
+        model="", messages=begun, max_tokens=8, temperature=0,  # type: ignore[arg-type]
+        extra_body={"continue_final_message": True, "echo": True},
+    )  # fmt: skip
+    plain = sdk.completions.create(model="", prompt=ids, max_tokens=8, temperature=0)
+    content = reply.choices[0].message.content or ""
+    assert content == "My favourite colour is" + plain.choices[0].text
+    assert len(content) > len("My favourite colour is")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Any
 
@@ -130,3 +131,54 @@ def test_no_template_is_an_invalid_request(smollm: Tokenizer) -> None:
     bare.chat_template = None
     with pytest.raises(InvalidRequest, match="no chat template"):
         bare.apply_chat_template(USER)
+
+
+PREFILLED = [
+    {"role": "user", "content": "Name a colour."},
+    {"role": "assistant", "content": "The colour I like best is"},
+]
+
+
+@pytest.mark.parametrize("messages", [PREFILLED, [*CONVERSATIONS[1], PREFILLED[1]]])
+def test_a_continued_final_message_is_transformers(
+    smollm: Tokenizer, hf_smollm: Any, messages: list[dict[str, Any]]
+) -> None:
+    """continue_final_message: the chat ends with the last message's content, open, as
+    transformers renders it; the model goes on with the reply the client began."""
+    expected = hf_smollm.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=False, continue_final_message=True
+    )
+    ids = smollm.encode_chat(messages, False, continue_final_message=True)
+    assert smollm.decode(ids) == expected and expected.endswith("is")
+    assert ids == smollm.encode(expected, allow_special=True)
+
+
+def test_a_final_message_that_cannot_be_continued_is_refused_naming_why(
+    smollm: Tokenizer,
+) -> None:
+    with pytest.raises(InvalidRequest, match="continue_final_message: cannot be used with add_"):
+        smollm.encode_chat(PREFILLED, True, continue_final_message=True)
+    empty = [PREFILLED[0], {"role": "assistant", "content": " "}]
+    with pytest.raises(InvalidRequest, match=r"messages\[1\].content: is empty"):
+        smollm.encode_chat(empty, False, continue_final_message=True)
+    dropping = ChatTemplate("{% for m in messages %}{{ m.role }}: ...\n{% endfor %}")
+    tokenizer = copy.copy(smollm)
+    tokenizer.chat_template = dropping
+    with pytest.raises(InvalidRequest, match="does not write the last message's content"):
+        tokenizer.encode_chat(PREFILLED, False, continue_final_message=True)
+
+
+def test_template_variables_reach_the_template_as_text(smollm: Tokenizer) -> None:
+    """chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, say);
+    their special-token text stays text, and the template's own variables are not theirs."""
+    tokenizer = copy.copy(smollm)
+    tokenizer.chat_template = ChatTemplate(
+        "{% if not think %}<|im_start|>{% endif %}{{ note }}{{ messages[0].content }}"
+    )
+    chat = [{"role": "user", "content": "hi"}]
+    assert tokenizer.decode(tokenizer.encode_chat(chat)) == "<|im_start|>hi"
+    ids = tokenizer.encode_chat(chat, variables={"think": True, "note": "<|im_end|>"})
+    assert tokenizer.decode(ids) == "<|im_end|>hi" and 2 not in ids  # text, not the token
+    for own in ("messages", "bos_token", "add_generation_prompt"):
+        with pytest.raises(InvalidRequest, match=f"chat_template_kwargs: {own}: set by tandem"):
+            tokenizer.encode_chat(chat, variables={own: "x"})

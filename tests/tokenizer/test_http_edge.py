@@ -41,6 +41,7 @@ from services.tokenizer.http.schemas import (
     TokenizeRequest,
 )
 from services.tokenizer.http.server import HttpServer
+from services.tokenizer.request import chat_rendering
 from tandem.v1 import generation_pb2 as pb
 from tests.tokenizer.streamed import streamed
 
@@ -740,3 +741,35 @@ def test_an_echoed_prompt_leads_each_choice_with_its_scores(
     assert [c["text"] for c in chunks] == ["Hello there", " you", ""]
     assert chunks[0]["logprobs"]["token_logprobs"][0] is None
     assert chunks[1]["logprobs"]["text_offset"] == [len("Hello there")]
+
+
+def test_a_reply_the_client_began_is_continued_and_echoed(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    """vLLM's continue_final_message, chat_template_kwargs and chat echo: the options reach
+    the gRPC request; echo puts the begun reply first in the answer, whole or streamed."""
+    tokenizer, _ = vocabulary
+    begun = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "It is"}]
+    asked = {"messages": begun, "continue_final_message": True, "echo": True}
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    plan = chat_plan(ChatCompletionRequest.model_validate({**asked, **kwargs}), "r", "m")
+    chat = plan.requests[0].chat
+    assert chat.continue_final_message and not chat.HasField("add_generation_prompt")
+    assert json.loads(chat.chat_template_kwargs) == {"enable_thinking": False}
+    rendering = chat_rendering(chat, 1 << 20)
+    assert not rendering.add_generation_prompt and rendering.variables == {"enable_thinking": False}
+    whole = Output(tokenizer, "id", "m", plan)
+    whole.add(0, pb.GenerateResponse(text=" blue.", finish_reason="stop"))
+    assert whole.whole()["choices"][0]["message"]["content"] == "It is blue."
+    stream = chat_plan(ChatCompletionRequest.model_validate({**asked, "stream": True}), "r", "m")
+    chunks = streamed(stream, tokenizer, " blue.")
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == "It is blue."
+    user_last = {"messages": begun[:1], "echo": True}  # echo needs a begun (assistant) reply
+    assert chat_plan(ChatCompletionRequest.model_validate(user_last), "r", "m").chat_echo == ""
+    with pytest.raises(InvalidRequest, match="echo: cannot be used with tools"):
+        chat_plan(ChatCompletionRequest.model_validate({**asked, "tools": [WEATHER]}), "r", "m")
+    with pytest.raises(InvalidRequest, match="continue_final_message: renders messages"):
+        tokenize_request(TokenizeRequest(prompt="x", continue_final_message=True), "m")
+    bad = pb.ChatMessages(chat_template_kwargs="[1]")
+    with pytest.raises(InvalidRequest, match="chat_template_kwargs: must be a JSON object"):
+        chat_rendering(bad, 1 << 20)

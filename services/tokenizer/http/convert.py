@@ -16,6 +16,7 @@ from services.tokenizer.http.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    _Rendering,
     _Sampling,
 )
 from services.tokenizer.http.tool_calls import Calls, tool_calls
@@ -46,6 +47,7 @@ class Plan:
     echo: bool = False
     generates: bool = True  # False: max_tokens 0 (with echo): the prompt alone is answered
     prompt_logprobs: int | None = None  # vLLM's: the prompt's scores, with these alternatives
+    chat_echo: str = ""  # chat's echo: the last (assistant) message, first in the reply
 
 
 def chat_plan(
@@ -57,6 +59,7 @@ def chat_plan(
     _refuse_unsupported_chat(body)
     request = _common(body, request_id, model_name)
     _add_messages(request.chat, body.messages, tool_form)
+    _add_rendering(request.chat, body)
     max_tokens = body.max_completion_tokens or body.max_tokens  # both at least 1
     if max_tokens is not None:
         request.max_tokens = max_tokens
@@ -65,7 +68,15 @@ def chat_plan(
     plan = _plan(body, [request], (body.top_logprobs or 0) if body.logprobs else None)
     plan = _score_prompts(plan, body.prompt_logprobs)
     calls, param = tool_calls(body, request, tool_form)
-    return dataclasses.replace(plan, calls=calls, format_param=param or plan.format_param)
+    echoed = ""
+    if body.echo:  # vLLM's: a reply the client began (continue_final_message) comes whole
+        if calls is not None:
+            raise InvalidRequest("echo", 'cannot be used with tools: give tool_choice "none"')
+        last = request.chat.messages[-1]
+        echoed = last.content if last.role == "assistant" else ""
+    return dataclasses.replace(
+        plan, calls=calls, format_param=param or plan.format_param, chat_echo=echoed
+    )
 
 
 def completion_plan(body: CompletionRequest, request_id: str, model_name: str) -> Plan:
@@ -120,9 +131,21 @@ def tokenize_request(body: TokenizeRequest, model_name: str) -> pb.TokenizeReque
     request = pb.TokenizeRequest(model=body.model or "")
     if body.messages is not None:
         _add_messages(request.chat, body.messages)
+        _add_rendering(request.chat, body)
     else:
+        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+            if getattr(body, name) is not None:
+                raise InvalidRequest(name, "renders messages: give messages, not a prompt")
         request.text = body.prompt or ""
     return request
+
+
+def _add_rendering(chat: pb.ChatMessages, body: _Rendering) -> None:
+    if body.add_generation_prompt is not None:
+        chat.add_generation_prompt = body.add_generation_prompt
+    chat.continue_final_message = bool(body.continue_final_message)
+    if body.chat_template_kwargs:
+        chat.chat_template_kwargs = json.dumps(body.chat_template_kwargs, ensure_ascii=False)
 
 
 def detokenize_request(

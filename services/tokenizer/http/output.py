@@ -131,7 +131,7 @@ class Output:
         if not choice.started:  # as OpenAI: the role first, with the first output
             choice.started = True
             choice.held = self.plan.calls is not None and not self.plan.calls.auto
-            delta = {"role": "assistant", "content": None if choice.held else ""}
+            delta = {"role": "assistant", "content": None if choice.held else self.plan.chat_echo}
             out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None}]))
         calls = self.plan.calls
         if calls is not None and not choice.decided and (text or finish):
@@ -186,7 +186,7 @@ class Output:
             finish = c.finish_reason
             logprobs = self._logprobs(c.logprobs)
             if self.chat:
-                message, finish = self._message(text, finish or "")
+                message, finish = self._message(self.plan.chat_echo + text, finish or "")
                 content: dict[str, Any] = {"message": message}
             elif self.plan.echo:
                 prompt, prompt_logprobs = self._echo(i // self.plan.n)

@@ -131,15 +131,23 @@ class _Sampling(_Request):
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
 
-class ChatCompletionRequest(_Sampling):
+class _Rendering(_Request):
+    """vLLM's (and transformers') options of a chat's rendering."""
+
+    add_generation_prompt: bool | None = None  # open the assistant's turn (default true)
+    continue_final_message: bool | None = None  # the last message left open, to be continued
+    chat_template_kwargs: dict[str, Any] | None = None  # more of the template's variables
+
+
+class ChatCompletionRequest(_Sampling, _Rendering):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Tool] | None = None
-    # "required" or a named function: the output is held to a call (see convert.py); "auto"
-    # (OpenAI's default with tools) is refused, as vLLM does without a tool-call parser.
+    # "auto" (OpenAI's default with tools), "required" or a named function: the output is held
+    # to calls or text (tool_calls.py).
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None  # refused when not empty
@@ -148,6 +156,7 @@ class ChatCompletionRequest(_Sampling):
     audio: dict[str, Any] | None = None  # refused
     prediction: dict[str, Any] | None = None  # refused
     reasoning_effort: str | None = None  # refused
+    echo: bool | None = None  # vLLM's: a last assistant message first in the reply's content
 
 
 class CompletionRequest(_Sampling):
@@ -159,7 +168,7 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None  # refused
 
 
-class TokenizeRequest(_Request):  # vLLM's /tokenize: a prompt, or messages
+class TokenizeRequest(_Rendering):  # vLLM's /tokenize: a prompt, or messages
     model: str | None = None
     prompt: str | None = None  # the ids a completion of it runs
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None  # a chat's
