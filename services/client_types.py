@@ -6,6 +6,7 @@ same edge. Nothing here imports the engine: a client needs grpc and the generate
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,12 @@ class GenerateOptions(TypedDict, total=False):
     # Exactly one prompt: the positional text, `messages` (chat template) or `prompt_ids`.
     messages: Sequence[Message]
     prompt_ids: Sequence[int]
+    # How `messages` are rendered (ChatMessages): the last one left open for the model to
+    # continue; the assistant's turn opened (default: true, false when continuing); more of
+    # the template's variables.
+    continue_final_message: bool
+    add_generation_prompt: bool | None
+    chat_template_kwargs: Mapping[str, Any]
     # Sampling; None or left out takes the server's default (temperature 1, the rest off).
     temperature: float | None
     top_p: float | None
@@ -91,6 +98,9 @@ def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> 
     given = [name for name, value in prompts.items() if value is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, messages, prompt_ids (got {given or None})")
+    rendering = ("continue_final_message", "add_generation_prompt", "chat_template_kwargs")
+    if messages is None and (named := [k for k in rendering if options.get(k) is not None]):
+        raise InvalidOption(f"{named[0]}: renders messages; give messages")
     values: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     fields = {"n": 1, **{k: v for k, v in values.items() if k in _REQUEST_FIELDS}}
     if sampling := {k: v for k, v in values.items() if k in _SAMPLING_FIELDS}:
@@ -100,6 +110,11 @@ def generate_request(prompt: str | None, **options: Unpack[GenerateOptions]) -> 
         request.text = prompt
     elif messages is not None:
         request.chat.CopyFrom(chat_to_pb(messages))
+        request.chat.continue_final_message = bool(options.get("continue_final_message"))
+        if (opened := options.get("add_generation_prompt")) is not None:
+            request.chat.add_generation_prompt = opened
+        if variables := options.get("chat_template_kwargs"):
+            request.chat.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
     elif prompt_ids is not None:
         request.token_ids.ids.extend(prompt_ids)
     return request

@@ -298,3 +298,17 @@ def test_request_of_token_ids() -> None:
     request = generate_request(None, prompt_ids=[5, 6], stop=["x"])
     assert request.WhichOneof("prompt") == "token_ids" and list(request.token_ids.ids) == [5, 6]
     assert isinstance(request, pb.GenerateRequest)
+
+
+def test_chat_rendering_options_reach_the_request() -> None:
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "It is"}]
+    request = generate_request(
+        None, messages=messages, continue_final_message=True, chat_template_kwargs={"a": 1}
+    )
+    chat = request.chat
+    assert chat.continue_final_message and not chat.HasField("add_generation_prompt")
+    assert chat.chat_template_kwargs == '{"a": 1}'
+    opened = generate_request(None, messages=messages, add_generation_prompt=False)
+    assert opened.chat.HasField("add_generation_prompt") and not opened.chat.add_generation_prompt
+    with pytest.raises(InvalidOption, match="continue_final_message: renders messages"):
+        generate_request("text", continue_final_message=True)
