@@ -84,6 +84,7 @@ async def serve(config: TokenizerConfig) -> int:
                 metrics.registry,
                 config.http_body_timeout_s,
                 config.tool_call_format,
+                config.reasoning_format,
             )
             http = HttpServer(app, config.host, config.http_port, config.tls, grace_s=GRACE_S)
 

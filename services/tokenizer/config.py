@@ -30,6 +30,13 @@ class EdgeSettings:
         "mistral ([TOOL_CALLS] [...]); auto: from the chat template's text",
         choices=("auto", "json", "hermes", "mistral"),
     )
+    reasoning_format: str = flag(
+        "auto",
+        "deepseek: a chat reply's <think>...</think> part (DeepSeek-R1's reasoning) is answered "
+        "as reasoning_content, apart from its content; none: all of it is content; auto: "
+        "deepseek where the chat template writes <think>",
+        choices=("auto", "none", "deepseek"),
+    )
     host: str = flag("127.0.0.1", "public address to bind")
     port: int = flag(50051, "public gRPC port (0: a free one)")
     http_port: int = flag(8000, "public OpenAI-compatible HTTP port, on --host (0: off)")

@@ -1,6 +1,7 @@
-"""`tandem serve --chat-template FILE`: the template renders every chat, and the tool-call form it
-shows the model is the one replies are held to and read back: a Hermes-style template has the
-default model answer in <tool_call> tags, which reach the client as OpenAI's tool_calls."""
+"""`tandem serve --chat-template FILE`: the template renders every chat, and what it shows the
+model is how replies are read: a Hermes-style template has the default model answer in
+<tool_call> tags, which reach the client as OpenAI's tool_calls, and one whose generation
+prompt opens <think> (DeepSeek-R1's) has the reply's reasoning in reasoning_content."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from harness.pipeline import Pipeline, pipeline
 
 pytestmark = pytest.mark.slow
 
-# Hermes' form in ChatML, much shortened: the tools in the system turn, calls in tags.
+# Hermes' form in ChatML, much shortened: the tools in the system turn, calls in tags; the
+# reply opened with <think>, as DeepSeek-R1's template opens it.
 TEMPLATE = """{% for m in messages %}<|im_start|>{{ m.role }}
 {% if loop.first and tools %}You may call these tools: {{ tools | tojson }}
 Reply with <tool_call>{"name": ..., "arguments": ...}</tool_call>.
 {% endif %}{{ m.content }}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+<think>
 {% endif %}"""
 WEATHER = {
     "type": "function",
@@ -108,3 +111,23 @@ def test_a_begun_reply_is_continued_as_its_prompt_would_be(
     content = reply.choices[0].message.content or ""
     assert content == "My favourite colour is" + plain.choices[0].text
     assert len(content) > len("My favourite colour is")
+
+
+def test_a_reply_begun_in_think_is_reasoning(served: Pipeline) -> None:
+    """The generation prompt opened <think>: until the model closes it, its reply is its
+    reasoning (the default model never does, in a few tokens), whole and streamed."""
+    root = served.http_url.removesuffix("/v1")
+    sampling = {"max_tokens": 12, "temperature": 0}
+    asked = {"messages": ASK, **sampling}
+    with httpx.Client(base_url=served.http_url, timeout=60) as http:
+        message = http.post("/chat/completions", json=asked).json()["choices"][0]["message"]
+        ids = httpx.post(f"{root}/tokenize", json={"messages": ASK}).json()["tokens"]
+        plain = http.post("/completions", json={"prompt": ids, **sampling}).json()
+        with http.stream("POST", "/chat/completions", json={**asked, "stream": True}) as events:
+            lines = [json.loads(x[6:]) for x in events.iter_lines() if x[6:7] == "{"]
+    said = plain["choices"][0]["text"]
+    assert said and "</think>" not in said
+    assert message["reasoning_content"] == said and message["content"] == ""
+    deltas = [c["choices"][0]["delta"] for c in lines if c["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == said
+    assert not any(d.get("content") for d in deltas)

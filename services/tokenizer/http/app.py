@@ -39,6 +39,7 @@ from services.tokenizer.http.errors import error_body, error_headers, http_error
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.http_metrics import HttpMetrics
 from services.tokenizer.http.output import Output, sse
+from services.tokenizer.http.reasoning import reasons
 from services.tokenizer.http.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -93,11 +94,15 @@ def create_app(
     registry: CollectorRegistry,
     body_timeout_s: float = 0.0,
     tool_call_format: str = "auto",
+    reasoning_format: str = "auto",
 ) -> FastAPI:
     """body_timeout_s: how long a request's body may take to arrive (0: no limit);
     tool_call_format: how the model writes tool calls (tool_formats.py; auto: as its chat
-    template shows)."""
+    template shows); reasoning_format: whether chat replies' <think> part is their
+    reasoning_content (reasoning.py; auto: where the template writes <think>)."""
     tool_form = ToolFormat.of(admission.tokenizer, tool_call_format)
+    template = admission.tokenizer.chat_template
+    reasoning = reasons(reasoning_format, template.source if template is not None else "")
     app = FastAPI(
         title="tandem",
         summary="OpenAI-compatible API of a tandem server",
@@ -172,7 +177,7 @@ def create_app(
 
     @v1.post("/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        plan = chat_plan(body, request.state.request_id, a.model_name, tool_form)
+        plan = chat_plan(body, request.state.request_id, a.model_name, tool_form, reasoning)
         return await serve(request, plan)
 
     @v1.post("/completions", response_model=Completion)

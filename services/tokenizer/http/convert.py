@@ -48,6 +48,7 @@ class Plan:
     generates: bool = True  # False: max_tokens 0 (with echo): the prompt alone is answered
     prompt_logprobs: int | None = None  # vLLM's: the prompt's scores, with these alternatives
     chat_echo: str = ""  # chat's echo: the last (assistant) message, first in the reply
+    reasoning: bool = False  # chat: the reply's reasoning apart from its content (reasoning.py)
 
 
 def chat_plan(
@@ -55,7 +56,10 @@ def chat_plan(
     request_id: str,
     model_name: str,
     tool_form: ToolFormat = LLAMA_JSON,
+    reasons: bool = False,
 ) -> Plan:
+    """reasons: the model reasons in <think> first (reasoning.py): its replies are split,
+    unless held to a form (tools, structured outputs), whose grammar has no place for it."""
     _refuse_unsupported_chat(body)
     request = _common(body, request_id, model_name)
     _add_messages(request.chat, body.messages, tool_form)
@@ -74,8 +78,13 @@ def chat_plan(
             raise InvalidRequest("echo", 'cannot be used with tools: give tool_choice "none"')
         last = request.chat.messages[-1]
         echoed = last.content if last.role == "assistant" else ""
+    held = request.output_format.WhichOneof("format") is not None
     return dataclasses.replace(
-        plan, calls=calls, format_param=param or plan.format_param, chat_echo=echoed
+        plan,
+        calls=calls,
+        format_param=param or plan.format_param,
+        chat_echo=echoed,
+        reasoning=reasons and not held,
     )
 
 

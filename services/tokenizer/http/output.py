@@ -13,6 +13,8 @@ from typing import Any
 
 from engine.tokenizer import Tokenizer
 from services.tokenizer.http.convert import Plan
+from services.tokenizer.http.reasoning import OPEN as THINK
+from services.tokenizer.http.reasoning import ReasoningSplit
 from tandem.v1 import generation_pb2 as pb
 
 
@@ -32,6 +34,7 @@ class _Choice:
     held: bool = False  # its text is tool calls, sent whole at the end
     decided: bool = False  # (tool_choice "auto") whether its text is calls is known
     offset: int = 0  # (completions, streamed) characters its chunks' logprobs covered so far
+    split: ReasoningSplit | None = None  # (a reasoning model's chat) its text's two parts
 
 
 class Output:
@@ -145,7 +148,12 @@ class Output:
                 return [*out, self._chunk([{**waiting, "finish_reason": None}])]
             choice.held, choice.decided = bool(verdict), True
             choice.text.clear()
+        reasoning = ""
+        if self.plan.reasoning:
+            reasoning, text = self._split(choice, text, bool(finish))
         body: dict[str, Any] = {"index": index, "delta": {"content": text} if text else {}}
+        if reasoning:
+            body["delta"]["reasoning_content"] = reasoning
         if choice.held:
             # The calls are sent whole, once their JSON is: held until the end.
             choice.text.append(text)
@@ -186,7 +194,12 @@ class Output:
             finish = c.finish_reason
             logprobs = self._logprobs(c.logprobs)
             if self.chat:
+                reasoning = ""
+                if self.plan.reasoning:
+                    reasoning, text = self._split(c, text, True)
                 message, finish = self._message(self.plan.chat_echo + text, finish or "")
+                if self.plan.reasoning:
+                    message["reasoning_content"] = reasoning or None
                 content: dict[str, Any] = {"message": message}
             elif self.plan.echo:
                 prompt, prompt_logprobs = self._echo(i // self.plan.n)
@@ -264,6 +277,19 @@ class Output:
             "content": None,
             "tool_calls": listed,
         }, "stop" if calls.function is not None else "tool_calls"
+
+    def _split(self, choice: _Choice, text: str, ended: bool) -> tuple[str, str]:
+        """A reasoning model's text as (reasoning, content), the reply so far or whole."""
+        if choice.split is None:
+            ids = self.prompt_ids[0] if self.prompt_ids else []
+            # A generation prompt that ends with <think> (DeepSeek-R1's) has it reason first.
+            opened = self.tokenizer.decode(ids[-8:]).rstrip().endswith(THINK)
+            choice.split = ReasoningSplit(opened)
+        reasoning, content = choice.split.feed(text)
+        if ended:
+            more, rest = choice.split.flush()
+            reasoning, content = reasoning + more, content + rest
+        return reasoning, content
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")

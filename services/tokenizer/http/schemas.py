@@ -202,6 +202,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None  # None when the reply is tool calls
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # a reasoning model's <think> part (reasoning.py)
 
 
 class TopLogprob(BaseModel):
