@@ -218,8 +218,9 @@ async def _supervise(config: ServeConfig) -> int:
                 "no --api-key (or TANDEM_API_KEY): the API is open to anyone who can reach %s",
                 config.host,
             )
+        named = f" as {config.served_model_name!r}" if config.served_model_name else ""
         print(
-            f"tandem serving {config.model.model} at {config.address} "
+            f"tandem serving {config.model.model}{named} at {config.address} "
             f"({config.tokenizers} tokenizer(s), device {config.engine.device})",
             flush=True,
         )

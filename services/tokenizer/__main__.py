@@ -43,6 +43,7 @@ async def serve(config: TokenizerConfig) -> int:
         tokenizer = load_tokenizer(registry.resolve(config.tokenizer or name, home))
         if config.chat_template:
             tokenizer.chat_template = load_chat_template(config.chat_template)
+        name = config.served_model_name or name  # what clients call the model
         metrics = TokenizerMetrics(name)
         arena = Arena.create(config.arena_mb << 20) if config.transport == "shm" else None
         if arena is not None:

@@ -18,6 +18,11 @@ class EdgeSettings:
 
     model: ModelSettings = field(default_factory=ModelSettings)
     tokenizer: str = flag("", "a tokenizer name or path instead of the model's")
+    served_model_name: str = flag(
+        "",
+        "the model's name to clients: what requests give as `model`, and responses and "
+        "/v1/models say (default: --model as given)",
+    )
     chat_template: str = flag(
         "",
         "a Jinja chat template, as a file's path or the text itself, instead of the model's "

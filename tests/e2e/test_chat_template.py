@@ -48,7 +48,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     folder = tmp_path_factory.mktemp("template")
     (folder / "hermes.jinja").write_text(TEMPLATE, encoding="utf-8")
-    with pipeline(folder, "--chat-template", str(folder / "hermes.jinja")) as running:
+    flags = ["--chat-template", str(folder / "hermes.jinja"), "--served-model-name", "hermes-r1"]
+    with pipeline(folder, *flags) as running:
         yield running
 
 
@@ -131,3 +132,12 @@ def test_a_reply_begun_in_think_is_reasoning(served: Pipeline) -> None:
     deltas = [c["choices"][0]["delta"] for c in lines if c["choices"]]
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == said
     assert not any(d.get("content") for d in deltas)
+
+
+def test_the_model_goes_by_its_served_name(sdk: openai.OpenAI) -> None:
+    (model,) = sdk.models.list().data
+    assert model.id == "hermes-r1"
+    reply = sdk.chat.completions.create(model="hermes-r1", messages=ASK, max_tokens=2)
+    assert reply.model == "hermes-r1"
+    with pytest.raises(openai.NotFoundError, match="this server serves 'hermes-r1'"):
+        sdk.chat.completions.create(model="smollm2-135m-instruct", messages=ASK, max_tokens=2)
