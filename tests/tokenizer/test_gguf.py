@@ -249,7 +249,8 @@ def test_llama_bpe_pre_tokenizer(
     ("changes", "message"),
     [
         ({"pre": "qwen2"}, "unsupported pre-tokenizer.*qwen2"),
-        ({"model": "llama"}, "'llama' is not supported"),
+        ({"model": "bert"}, "'bert' is not supported"),
+        ({"model": "llama", "scores": None}, "SentencePiece vocabulary needs .*scores"),
         ({"model": None}, "carries no tokenizer"),
         ({"tokens": None}, "lacks 'tokenizer.ggml.tokens'"),
         ({"merges": ["Ġt"]}, "malformed BPE merge"),
