@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models
+from tokenizers import decoders, models
 
 from engine.errors import ModelFormatError
 from engine.gguf_file import GGUFFile
 from engine.tokenizer.byte_level import token_to_bytes
-from engine.tokenizer.chat_template import ChatTemplate
 from engine.tokenizer.gguf_spm import gguf_spm_tokenizer
 from engine.tokenizer.gguf_vocab import (
-    CONTROL,
-    SPECIAL_TEXT_KEYS,
-    USER_DEFINED,
-    stop_ids,
+    add_control_tokens,
+    chat_template,
+    special_token_text,
     string_list,
     token_id,
     token_types,
@@ -60,16 +58,7 @@ def gguf_tokenizer(gguf: GGUFFile) -> HFBackedTokenizer:
     backend.pre_tokenizer = pre_tokenizer_for(pre)
     backend.decoder = decoders.ByteLevel()
 
-    stops = stop_ids(gguf, tokens)
-    special_ids = {i for i, t in enumerate(types) if t == CONTROL} | stops
-    user_ids = {i for i, t in enumerate(types) if t == USER_DEFINED}
-    backend.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)]
-    )
-    backend.add_tokens(
-        [AddedToken(tokens[i], special=False, normalized=False) for i in sorted(user_ids)]
-    )
-
+    special_ids, user_ids, stops = add_control_tokens(backend, gguf, tokens, types)
     pieces = []
     for i, token in enumerate(tokens):
         # Control and user-defined tokens are stored as their text, the rest in GPT-2's alphabet.
@@ -79,9 +68,6 @@ def gguf_tokenizer(gguf: GGUFFile) -> HFBackedTokenizer:
     bos = token_id(gguf, "tokenizer.ggml.bos_token_id", len(tokens))
     # As in llama.cpp: BPE vocabularies add no BOS unless LLaMA-3's, or the file says so.
     add_bos = bool(gguf.get("tokenizer.ggml.add_bos_token", ignores_merges(pre)))
-    template = gguf.get("tokenizer.chat_template")
-    ids = {field: token_id(gguf, key, len(tokens)) for field, key in SPECIAL_TEXT_KEYS.items()}
-    text = {field: tokens[i] for field, i in ids.items() if i is not None}
     return HFBackedTokenizer(
         backend=backend,
         pieces=pieces,
@@ -89,6 +75,6 @@ def gguf_tokenizer(gguf: GGUFFile) -> HFBackedTokenizer:
         bos_token_id=bos,
         eos_token_ids=frozenset(stops),
         add_bos=add_bos and bos is not None,
-        chat_template=ChatTemplate(template) if isinstance(template, str) else None,
-        special_token_text=text,
+        chat_template=chat_template(gguf),
+        special_token_text=special_token_text(gguf, tokens),
     )

@@ -10,17 +10,15 @@ file says otherwise), and characters outside the vocabulary fall back to <0xNN> 
 from __future__ import annotations
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, normalizers
+from tokenizers import decoders, models, normalizers
 
 from engine.errors import ModelFormatError
 from engine.gguf_file import GGUFFile
-from engine.tokenizer.chat_template import ChatTemplate
 from engine.tokenizer.gguf_vocab import (
     BYTE,
-    CONTROL,
-    SPECIAL_TEXT_KEYS,
-    USER_DEFINED,
-    stop_ids,
+    add_control_tokens,
+    chat_template,
+    special_token_text,
     string_list,
     token_id,
     token_types,
@@ -80,22 +78,12 @@ def gguf_spm_tokenizer(gguf: GGUFFile) -> HFBackedTokenizer:
     backend.decoder = decoders.Sequence(
         [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
     )
-    stops = stop_ids(gguf, tokens)
-    special_ids = {i for i, t in enumerate(types) if t == CONTROL} | stops
-    user_ids = {i for i, t in enumerate(types) if t == USER_DEFINED}
-    backend.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)]
-    )
-    backend.add_tokens(
-        [AddedToken(tokens[i], special=False, normalized=False) for i in sorted(user_ids)]
-    )
-    pieces = [
-        token.encode() if i in special_ids else _piece(token, types[i])
+    special_ids, user_ids, stops = add_control_tokens(backend, gguf, tokens, types)
+    pieces = [  # control and user-defined tokens are their text
+        token.encode() if i in special_ids | user_ids else _piece(token, types[i])
         for i, token in enumerate(tokens)
     ]
     bos = token_id(gguf, "tokenizer.ggml.bos_token_id", len(tokens))
-    template = gguf.get("tokenizer.chat_template")
-    ids = {field: token_id(gguf, key, len(tokens)) for field, key in SPECIAL_TEXT_KEYS.items()}
     return HFBackedTokenizer(
         backend=backend,
         pieces=pieces,
@@ -104,7 +92,7 @@ def gguf_spm_tokenizer(gguf: GGUFFile) -> HFBackedTokenizer:
         eos_token_ids=frozenset(stops),
         # SentencePiece vocabularies begin a prompt with BOS unless the file says otherwise.
         add_bos=bool(gguf.get("tokenizer.ggml.add_bos_token", True)) and bos is not None,
-        chat_template=ChatTemplate(template) if isinstance(template, str) else None,
-        special_token_text={field: tokens[i] for field, i in ids.items() if i is not None},
+        chat_template=chat_template(gguf),
+        special_token_text=special_token_text(gguf, tokens),
         strips_leading_space=prefix,
     )

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import tokenizers
+from tokenizers import AddedToken
+
 from engine.errors import ModelFormatError
 from engine.gguf_file import GGUFFile
+from engine.tokenizer.chat_template import ChatTemplate
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -70,3 +74,31 @@ def stop_ids(gguf: GGUFFile, tokens: list[str]) -> set[int]:
         if stop is not None:
             stops.add(stop)
     return stops
+
+
+def add_control_tokens(
+    backend: tokenizers.Tokenizer, gguf: GGUFFile, tokens: list[str], types: list[int]
+) -> tuple[set[int], set[int], set[int]]:
+    """Control tokens and those that end generation become special tokens of `backend`, and
+    user-defined ones added text, each matched whole; (special, user-defined, stop) ids."""
+    stops = stop_ids(gguf, tokens)
+    special = {i for i, t in enumerate(types) if t == CONTROL} | stops
+    user = {i for i, t in enumerate(types) if t == USER_DEFINED}
+    backend.add_special_tokens(
+        [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special)]
+    )
+    backend.add_tokens(
+        [AddedToken(tokens[i], special=False, normalized=False) for i in sorted(user)]
+    )
+    return special, user, stops
+
+
+def special_token_text(gguf: GGUFFile, tokens: list[str]) -> dict[str, str]:
+    """bos_token, eos_token, ... as the chat template sees them."""
+    ids = {field: token_id(gguf, key, len(tokens)) for field, key in SPECIAL_TEXT_KEYS.items()}
+    return {field: tokens[i] for field, i in ids.items() if i is not None}
+
+
+def chat_template(gguf: GGUFFile) -> ChatTemplate | None:
+    template = gguf.get("tokenizer.chat_template")
+    return ChatTemplate(template) if isinstance(template, str) else None
