@@ -19,7 +19,10 @@ from tandem.v1 import generation_pb2 as pb
 # The servers' limit too, so a long prompt's ids always fit in a message.
 MAX_MESSAGE_BYTES = 64 << 20
 
-Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant" | "tool", "content": ...}
+# {"role": "system" | "user" | "assistant" | "tool", "content": ...}; an assistant's earlier
+# "tool_calls" (OpenAI's form, each function's arguments an object) for a chat template that
+# shows them, and a tool's "tool_call_id".
+Message = Mapping[str, Any]
 
 
 class InvalidOption(ValueError):
@@ -162,8 +165,16 @@ class Connection:
 
 
 def chat_to_pb(messages: Sequence[Message]) -> pb.ChatMessages:
-    return pb.ChatMessages(
-        messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    return pb.ChatMessages(messages=[_message_pb(m) for m in messages])
+
+
+def _message_pb(message: Message) -> pb.ChatMessage:
+    calls = message.get("tool_calls")
+    return pb.ChatMessage(
+        role=message["role"],
+        content=message.get("content") or "",
+        tool_calls=json.dumps(list(calls), ensure_ascii=False) if calls else "",
+        tool_call_id=message.get("tool_call_id") or "",
     )
 
 

@@ -145,6 +145,14 @@ class Tokenizer(ABC):
         model to continue (a reply begun by the client); `variables` are more of the template's
         (e.g. {"enable_thinking": False}), their text kept text too."""
         template = self.chat_template
+        if template is not None and not template.renders_tool_calls:
+            for i, message in enumerate(messages):
+                if isinstance(message, dict) and message.get("tool_calls"):
+                    raise InvalidRequest(
+                        f"messages[{i}].tool_calls",
+                        "this model's chat template does not show earlier tool calls: write "
+                        "them into the message's content",
+                    )
         if tools is not None and template is not None and "tools" not in template.variables:
             messages, tools = with_tools(messages, tools), None
         marked = [self._mark_message(i, m) for i, m in enumerate(messages)]
@@ -210,6 +218,9 @@ class Tokenizer(ABC):
         out: Message = {}
         for key, value in message.items():
             field = f"messages[{index}].{key}"
+            if key == "tool_calls":  # names and arguments, which the template writes as JSON
+                out[key] = self._mark_tree(value, field)
+                continue
             if isinstance(value, list):
                 value = [
                     {**p, "text": mark(p["text"], f"{field}[{j}].text")}

@@ -59,6 +59,8 @@ def validate_messages(messages: Sequence[Message]) -> None:
         if "content" not in message:
             raise InvalidRequest(f"{field}.content", "missing")
         content = message["content"]
+        if content is None and message.get("tool_calls"):
+            continue  # an assistant's turn of calls alone, as OpenAI's API gives it
         parts_ok = isinstance(content, list) and all(isinstance(p, dict) for p in content)
         if not isinstance(content, str) and not parts_ok:
             raise InvalidRequest(f"{field}.content", "must be a string or a list of parts")
@@ -77,6 +79,9 @@ class ChatTemplate:
             self._template = env.from_string(source)
             # What the template reads besides messages: whether it has a place for tools.
             self.variables = frozenset(meta.find_undeclared_variables(env.parse(source)))
+            # Whether it shows an assistant's earlier tool calls itself, in its model's form
+            # (LLaMA 3.1's, Hermes', Mistral's do; a plain ChatML template ignores them).
+            self.renders_tool_calls = "tool_calls" in source
         except jinja2.TemplateSyntaxError as err:
             raise ModelFormatError(
                 f"the chat template does not compile: {err.message} (line {err.lineno})"

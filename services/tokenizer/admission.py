@@ -228,7 +228,7 @@ class Admission:
     async def encode(
         self,
         text: str,
-        messages: list[dict[str, str]] | None,
+        messages: list[dict[str, Any]] | None,
         *,
         allow_special: bool,
         field: str = "text",

@@ -32,8 +32,9 @@ class EdgeSettings:
         "auto",
         "how the model writes tool calls, which the HTTP API holds its replies to and reads: "
         'json ({"name", "parameters"}, LLaMA-3.x), hermes (<tool_call>...</tool_call>), '
-        "mistral ([TOOL_CALLS] [...]); auto: from the chat template's text",
-        choices=("auto", "json", "hermes", "mistral"),
+        "mistral ([TOOL_CALLS] [...]), mistral-args ([TOOL_CALLS]name[ARGS]{...}); auto: from "
+        "the chat template's text",
+        choices=("auto", "json", "hermes", "mistral", "mistral-args"),
     )
     reasoning_format: str = flag(
         "auto",

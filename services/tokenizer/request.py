@@ -39,7 +39,7 @@ class ChatRendering:
 class GenerateSpec:
     request_id: str
     text: str | None
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
     prompt_ids: list[int] | None
     sampling: SamplingParams
     max_tokens: int | None  # None: DEFAULT_MAX_TOKENS, within the context
@@ -118,7 +118,7 @@ def parse_generate(
             )
         text = req.text
     elif kind == "chat":
-        messages = _messages(req.chat, max_chars)
+        messages = chat_messages(req.chat, max_chars)
         tools = chat_tools(req.chat, max_chars)
         rendering = chat_rendering(req.chat, max_chars)
     else:
@@ -242,7 +242,7 @@ def _output_format(req: pb.GenerateRequest) -> OutputFormat | None:
     return OutputFormat(kind, getattr(fmt, kind), field=field)
 
 
-def _messages(chat: pb.ChatMessages, max_chars: int) -> list[dict[str, str]]:
+def chat_messages(chat: pb.ChatMessages, max_chars: int) -> list[dict[str, Any]]:
     if not chat.messages:
         raise InvalidRequest("prompt.chat", "has no messages")
     total = 0
@@ -253,8 +253,34 @@ def _messages(chat: pb.ChatMessages, max_chars: int) -> list[dict[str, str]]:
                 f"prompt.chat.messages[{i}].role",
                 f"{message.role!r} is not one of {', '.join(ROLES)}",
             )
-        total += len(message.content)
-        out.append({"role": message.role, "content": message.content})
+        total += len(message.content) + len(message.tool_calls)
+        said: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            said["tool_calls"] = _tool_calls(message.tool_calls, f"prompt.chat.messages[{i}]")
+        if message.tool_call_id:
+            said["tool_call_id"] = message.tool_call_id
+        out.append(said)
     if total > max_chars:
         raise InvalidRequest("prompt.chat", f"{total} characters cannot fit the context")
     return out
+
+
+def _tool_calls(text: str, field: str) -> list[dict[str, Any]]:
+    """An assistant's earlier calls, checked to be OpenAI's form with the arguments an object,
+    as chat templates read them."""
+    field += ".tool_calls"
+    try:
+        calls = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidRequest(field, f"is not JSON: {err}") from None
+    if not isinstance(calls, list):
+        raise InvalidRequest(field, "must be a JSON list of calls")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"{field}[{j}]", 'must be {"function": {"name", "arguments"}}')
+        if not isinstance(function.get("arguments", {}), dict):
+            raise InvalidRequest(f"{field}[{j}].function.arguments", "must be a JSON object")
+        if not isinstance(call.get("id", ""), str):
+            raise InvalidRequest(f"{field}[{j}].id", "must be a string")
+    return calls

@@ -8,6 +8,7 @@ from functools import partial
 from services.tokenizer.admission import Admission, off_the_loop_if_long
 from services.tokenizer.request import (
     MAX_CHARS_PER_TOKEN,
+    chat_messages,
     chat_rendering,
     chat_tools,
     check_model,
@@ -21,7 +22,7 @@ async def tokenize(admission: Admission, request: pb.TokenizeRequest) -> list[in
     messages = tools = rendering = None
     if request.WhichOneof("input") == "chat":
         max_chars = admission.max_seq_len * MAX_CHARS_PER_TOKEN
-        messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        messages = chat_messages(request.chat, max_chars)
         tools = chat_tools(request.chat, max_chars)
         rendering = chat_rendering(request.chat, max_chars)
     allow_special = not request.split_special_tokens

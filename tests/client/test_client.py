@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import grpc
@@ -312,3 +313,16 @@ def test_chat_rendering_options_reach_the_request() -> None:
     assert opened.chat.HasField("add_generation_prompt") and not opened.chat.add_generation_prompt
     with pytest.raises(InvalidOption, match="continue_final_message: renders messages"):
         generate_request("text", continue_final_message=True)
+
+
+def test_earlier_tool_calls_and_answers_reach_the_request() -> None:
+    call = {"id": "a1B2c3D4e", "function": {"name": "weather", "arguments": {"city": "Zürich"}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "sunny"},
+    ]
+    said = generate_request(None, messages=messages).chat.messages
+    assert said[1].content == "" and json.loads(said[1].tool_calls) == [call]
+    assert said[2].tool_call_id == "a1B2c3D4e" and not said[2].tool_calls
+    assert not said[0].tool_calls and not said[0].tool_call_id

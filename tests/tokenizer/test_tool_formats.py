@@ -24,6 +24,7 @@ from services.tokenizer.http.tool_formats import (
     HERMES,
     JSON,
     MISTRAL,
+    MISTRAL_ARGS,
     ToolFormat,
     detect,
     not_beginning,
@@ -49,6 +50,10 @@ PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 ROME = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
 TAGGED = f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{ROME}\n</tool_call>"
 LISTED = f"[TOOL_CALLS] [{PARIS}, {ROME}]"
+NAMED = (
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+)
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}
 HERMES_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if tools %}Answer with <tool_call>{...}</tool_call>{% endif %}<|im_start|>assistant\n"
@@ -83,6 +88,7 @@ def holds(
 def test_the_form_is_read_off_the_chat_template(vocabulary: tuple[Tokenizer, Any]) -> None:
     assert detect("{{ tools }} reply inside <tool_call></tool_call> tags") == HERMES
     assert detect("{{ '[AVAILABLE_TOOLS]' }}...{{ '[TOOL_CALLS] ' }}") == MISTRAL
+    assert detect("{{ '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}") == MISTRAL_ARGS
     assert detect('Respond in JSON: {"name": ..., "parameters": ...}') == JSON
     tokenizer, _ = vocabulary
     assert ToolFormat.of(tokenizer).name == JSON  # the default model's template shows neither
@@ -104,7 +110,9 @@ def test_text_not_beginning_as_calls_is_exactly_that(text: str) -> None:
         assert matched == (bool(text) and not text.startswith(marker))
 
 
-@pytest.mark.parametrize(("name", "calls"), [(HERMES, TAGGED), (MISTRAL, LISTED)])
+@pytest.mark.parametrize(
+    ("name", "calls"), [(HERMES, TAGGED), (MISTRAL, LISTED), (MISTRAL_ARGS, NAMED)]
+)
 def test_replies_are_held_to_the_form_and_read_back(
     vocabulary: tuple[Tokenizer, llguidance.LLTokenizer], name: str, calls: str
 ) -> None:
@@ -131,6 +139,27 @@ def test_replies_are_held_to_the_form_and_read_back(
     ]
     assert required.calls.read(calls[:-3]) is None  # cut short: no calls
     assert not required.requests[0].HasField("skip_special_tokens")  # markers of text
+
+
+def test_each_name_before_args_is_held_to_its_own_tools_arguments(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+) -> None:
+    """mistral-args writes the name as text before [ARGS]: the arguments that follow are held
+    to that tool's schema, not another's, and a name that is no tool's is refused."""
+    tokenizer, _ = vocabulary
+    encode = lambda text: tokenizer.encode(text, allow_special=False)  # noqa: E731
+    plan = plan_of(ToolFormat(MISTRAL_ARGS), tools=[WEATHER, CLOCK], tool_choice="required")
+    grammar = plan.requests[0].output_format.grammar
+    weather = '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'
+    assert holds(vocabulary, grammar, encode(weather + "[TOOL_CALLS]clock[ARGS]{}"))
+    assert not holds(vocabulary, grammar, encode("[TOOL_CALLS]get_weather[ARGS]{}"))
+    assert not holds(vocabulary, grammar, encode('[TOOL_CALLS]radio[ARGS]{"city": "Oslo"}'))
+    assert plan.calls is not None
+    assert plan.calls.read(weather + "[TOOL_CALLS]clock[ARGS]{}") == [
+        {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"name": "clock", "arguments": "{}"},
+    ]
+    assert plan.calls.read("[TOOL_CALLS]get_weather") is None  # cut before its arguments
 
 
 def test_a_marker_the_vocabulary_holds_is_held_as_its_special_token(
@@ -177,7 +206,7 @@ def test_a_streamed_auto_reply_waits_for_its_beginning_to_tell(
     assert cut[-1]["delta"] == {"content": "<tool"} and cut[-1]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("name", [JSON, HERMES, MISTRAL])
+@pytest.mark.parametrize("name", [JSON, HERMES, MISTRAL, MISTRAL_ARGS])
 def test_an_earlier_turns_calls_are_shown_in_the_form_they_are_read_in(name: str) -> None:
     form = ToolFormat(name)
     calls = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Zürich"})]
@@ -198,7 +227,9 @@ def test_an_earlier_turns_calls_are_shown_in_the_form_they_are_read_in(name: str
     (shown,) = [m for m in chat_plan(request, "r", "m", form).requests[0].chat.messages][1:2]
     assert shown.role == "assistant" and form.read(shown.content) is not None
     assert shown.content.startswith(
-        {JSON: "[", HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]"}[name]
+        {JSON: "[", HERMES: "<tool_call>", MISTRAL: "[TOOL_CALLS]", MISTRAL_ARGS: "[TOOL_CALLS]"}[
+            name
+        ]
     )
 
 

@@ -213,7 +213,7 @@ def create_app(
             await generations.aclose()
 
     app.include_router(v1)
-    app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS))
+    app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS, tool_form))
     app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES, timeout_s=body_timeout_s)
     # The documented paths: app.routes holds included routers as entries of their own.
     paths = list(app.openapi()["paths"])

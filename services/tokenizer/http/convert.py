@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from engine.errors import InvalidRequest
 from services.errors import NotFound
@@ -14,12 +15,13 @@ from services.tokenizer.http.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    ContentPart,
     DetokenizeRequest,
     TokenizeRequest,
     _Rendering,
     _Sampling,
 )
-from services.tokenizer.http.tool_calls import Calls, tool_calls
+from services.tokenizer.http.tool_calls import Calls, tool_calls, tools_json
 from services.tokenizer.http.tool_formats import LLAMA_JSON, ToolFormat
 from tandem.v1 import generation_pb2 as pb
 
@@ -133,16 +135,23 @@ def _score_prompts(plan: Plan, top: int | None) -> Plan:
     return dataclasses.replace(plan, prompt_logprobs=top)
 
 
-def tokenize_request(body: TokenizeRequest, model_name: str) -> pb.TokenizeRequest:
+def tokenize_request(
+    body: TokenizeRequest, model_name: str, tool_form: ToolFormat = LLAMA_JSON
+) -> pb.TokenizeRequest:
+    """A chat's ids are those a chat completion of it runs: its earlier tool calls written as
+    there, its tools shown as there with a tool_choice other than "none"."""
     check_served_model(body.model, model_name)
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequest("prompt", "give either a prompt or messages")
     request = pb.TokenizeRequest(model=body.model or "")
     if body.messages is not None:
-        _add_messages(request.chat, body.messages)
+        _add_messages(request.chat, body.messages, tool_form)
         _add_rendering(request.chat, body)
+        if body.tools:
+            request.chat.tools = tools_json(body.tools)
     else:
-        for name in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+        names = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
+        for name in names:
             if getattr(body, name) is not None:
                 raise InvalidRequest(name, "renders messages: give messages, not a prompt")
         request.text = body.prompt or ""
@@ -171,33 +180,51 @@ def _add_messages(
     chat: pb.ChatMessages, messages: list[ChatMessage], tool_form: ToolFormat = LLAMA_JSON
 ) -> None:
     """Text messages into the gRPC API's chat; what is not text is refused. An assistant's tool
-    calls become its text, in the form tool_choice "required" or "auto" holds a reply to."""
+    calls go to a template that shows them (in its model's form), or else become its text, in
+    the form tool_choice "required" or "auto" holds a reply to."""
     for i, message in enumerate(messages):
-        if message.tool_calls:
-            calls = []
-            for j, call in enumerate(message.tool_calls):
-                try:
-                    parameters = json.loads(call.function.arguments)
-                except json.JSONDecodeError as err:
-                    field = f"messages[{i}].tool_calls[{j}].function.arguments"
-                    raise InvalidRequest(field, f"is not JSON: {err}") from None
-                calls.append((call.function.name, parameters))
-            text = tool_form.write(calls)
-            said = f"{message.content}\n{text}" if isinstance(message.content, str) else text
-            chat.messages.add(role="assistant", content=said)
+        content = _text(message.content, f"messages[{i}].content")
+        role = _ROLES.get(message.role, message.role)
+        if not message.tool_calls:
+            chat.messages.add(role=role, content=content, tool_call_id=message.tool_call_id or "")
             continue
-        content = message.content
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise InvalidRequest(
-                        f"messages[{i}].content[{j}].type",
-                        f"{part.type!r} content is not supported yet: only text",
-                    )
-                texts.append(part.text)
-            content = "\n".join(texts)
-        chat.messages.add(role=_ROLES.get(message.role, message.role), content=content or "")
+        written: list[tuple[str, Any]] = []  # (name, arguments)
+        for j, call in enumerate(message.tool_calls):
+            try:
+                written.append((call.function.name, json.loads(call.function.arguments)))
+            except json.JSONDecodeError as err:
+                field = f"messages[{i}].tool_calls[{j}].function.arguments"
+                raise InvalidRequest(field, f"is not JSON: {err}") from None
+        if tool_form.in_template:
+            calls = [
+                {"type": "function", "function": {"name": name, "arguments": arguments}}
+                | _id(call.id)
+                for (name, arguments), call in zip(written, message.tool_calls, strict=True)
+            ]
+            listed = json.dumps(calls, ensure_ascii=False)
+            chat.messages.add(role="assistant", content=content, tool_calls=listed)
+            continue
+        text = tool_form.write(written)
+        said = f"{content}\n{text}" if content else text
+        chat.messages.add(role="assistant", content=said)
+
+
+def _id(call_id: str | None) -> dict[str, str]:
+    # A call without an id has none in the template's eyes (Mistral's then names the problem).
+    return {"id": call_id} if call_id is not None else {}
+
+
+def _text(content: str | list[ContentPart] | None, field: str) -> str:
+    if not isinstance(content, list):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise InvalidRequest(
+                f"{field}[{j}].type", f"{part.type!r} content is not supported yet: only text"
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
 
 
 def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) -> Plan:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,8 +267,7 @@ class Output:
             return {"role": "assistant", "content": text}, finish
         assert calls is not None
         listed = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": f}
-            for f in functions
+            {"id": calls.form.call_id(), "type": "function", "function": f} for f in functions
         ]
         # OpenAI ends a call that tool_choice named with "stop".
         return {

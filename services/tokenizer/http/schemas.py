@@ -172,6 +172,7 @@ class TokenizeRequest(_Rendering):  # vLLM's /tokenize: a prompt, or messages
     model: str | None = None
     prompt: str | None = None  # the ids a completion of it runs
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None  # a chat's
+    tools: list[Tool] | None = None  # shown to a template that renders them, as in chat
     return_token_strs: bool | None = None  # each token's text beside its id
 
 

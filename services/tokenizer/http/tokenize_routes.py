@@ -19,11 +19,15 @@ from services.tokenizer.http.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from services.tokenizer.http.tool_formats import ToolFormat
 from services.tokenizer.tokenizing import detokenize, tokenize
 
 
 def tokenize_routes(
-    a: Admission, dependencies: Sequence[Depends], responses: dict[int | str, dict[str, Any]]
+    a: Admission,
+    dependencies: Sequence[Depends],
+    responses: dict[int | str, dict[str, Any]],
+    tool_form: ToolFormat,
 ) -> APIRouter:
     router = APIRouter(dependencies=dependencies, responses=responses)
 
@@ -32,7 +36,7 @@ def tokenize_routes(
         model = a.link.model
         if model is None:
             raise Unavailable("the scheduler is (re)starting")
-        ids = await tokenize(a, tokenize_request(body, a.model_name))
+        ids = await tokenize(a, tokenize_request(body, a.model_name, tool_form))
         texts = None
         if body.return_token_strs:
             texts = [a.tokenizer.token_bytes(i).decode("utf-8", errors="replace") for i in ids]

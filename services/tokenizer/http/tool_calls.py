@@ -83,7 +83,7 @@ def tool_calls(
         return tool.function.parameters or {"type": "object", "properties": {}}
 
     # A template that renders tools shows them to the model (the default model's has no place).
-    request.chat.tools = json.dumps([t.model_dump(exclude_none=True) for t in tools])
+    request.chat.tools = tools_json(tools)
     out = request.output_format
     if choice in ("required", "auto"):
         auto = choice == "auto"
@@ -112,7 +112,12 @@ def tool_calls(
         )
     i = names.index(name)
     out.json_schema = json.dumps(arguments(tools[i]))
-    return Calls(name), f"tools[{i}].function.parameters"
+    return Calls(name, form), f"tools[{i}].function.parameters"
+
+
+def tools_json(tools: list[Tool]) -> str:
+    """The tools as the gRPC API's chat carries them to the template."""
+    return json.dumps([t.model_dump(exclude_none=True) for t in tools])
 
 
 def _call_schema(

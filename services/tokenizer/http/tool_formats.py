@@ -5,16 +5,21 @@ the prompt; holding them to another form costs accuracy.
     json     LLaMA-3.x:  {"name": "f", "parameters": {...}}, or a list of them
     hermes   Hermes, Qwen: <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>, one
              after another on their own lines
-    mistral  Mistral:    [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]
+    mistral  Mistral 7B v0.3, NeMo: [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]
+             (NeMo's without the space)
+    mistral-args  Mistral Small 3.x, Devstral, Magistral, Ministral 3 (tokenizers v11 on):
+             [TOOL_CALLS]f[ARGS]{...}, again for each call
 
-A marker ("<tool_call>", "[TOOL_CALLS]") that is a special token of the vocabulary is held as
-that token (its text alone would be other tokens, not the ones the model was trained on), and
-the reply then keeps special tokens' text, or the marker could not be read back."""
+A marker ("<tool_call>", "[TOOL_CALLS]", "[ARGS]") that is a special token of the vocabulary is
+held as that token (its text alone would be other tokens, not the ones the model was trained
+on), and the reply then keeps special tokens' text, or the marker could not be read back."""
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +27,15 @@ from typing import Any
 from engine.guided import JSON_LAYOUT
 from engine.tokenizer import Tokenizer
 
-JSON, HERMES, MISTRAL = "json", "hermes", "mistral"
-FORMATS = (JSON, HERMES, MISTRAL)
+JSON, HERMES, MISTRAL, MISTRAL_ARGS = "json", "hermes", "mistral", "mistral-args"
+FORMATS = (JSON, HERMES, MISTRAL, MISTRAL_ARGS)
+_MARKERS = {
+    HERMES: ("<tool_call>", "</tool_call>"),
+    MISTRAL: ("[TOOL_CALLS]",),
+    MISTRAL_ARGS: ("[TOOL_CALLS]", "[ARGS]"),
+}
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}/-")
+_ALNUM = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True)
@@ -32,23 +43,41 @@ class ToolFormat:
     name: str  # one of FORMATS
     # Special token ids of the markers the vocabulary holds as one token; text otherwise.
     special: tuple[tuple[str, int], ...] = ()
+    # Whether the chat template shows an assistant's earlier calls itself (message.tool_calls),
+    # or they are written here, into the message's text.
+    in_template: bool = False
+    # mistral: what comes between [TOOL_CALLS] and the list ("[TOOL_CALLS] [" in Mistral 7B
+    # v0.3's template, "[TOOL_CALLS][" in Mistral NeMo's).
+    gap: str = " "
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, name: str = "auto") -> ToolFormat:
         """`name`, or with "auto" the form the chat template shows the model."""
+        template = tokenizer.chat_template
+        source = template.source if template is not None else ""
         if name == "auto":
-            template = tokenizer.chat_template
-            name = detect(template.source if template is not None else "")
+            name = detect(source)
         if name not in FORMATS:
             known = ", ".join(FORMATS)
             raise ValueError(f"unknown tool call format {name!r}: one of auto, {known}")
-        markers = {HERMES: ("<tool_call>", "</tool_call>"), MISTRAL: ("[TOOL_CALLS]",)}
-        found = ((m, tokenizer.special_id(m)) for m in markers.get(name, ()))
-        return cls(name, tuple((m, i) for m, i in found if i is not None))
+        found = ((m, tokenizer.special_id(m)) for m in _MARKERS.get(name, ()))
+        return cls(
+            name,
+            tuple((m, i) for m, i in found if i is not None),
+            in_template=template is not None and template.renders_tool_calls,
+            gap="" if "[TOOL_CALLS][" in source else " ",
+        )
 
     @property
     def arguments_key(self) -> str:
         return "parameters" if self.name == JSON else "arguments"
+
+    def call_id(self) -> str:
+        """A new call's id, as the model's template takes it back (Mistral's: 9 letters and
+        digits)."""
+        if self.name in (MISTRAL, MISTRAL_ARGS):
+            return "".join(secrets.choice(_ALNUM) for _ in range(9))
+        return f"call_{secrets.token_hex(12)}"
 
     @property
     def keeps_special_tokens(self) -> bool:
@@ -56,25 +85,39 @@ class ToolFormat:
         return bool(self.special)
 
     def grammar(self, call: dict[str, Any], parallel: bool, auto: bool) -> str:
-        """Lark for llguidance (hermes and mistral; json replies are held by a JSON Schema): a
-        reply of calls, each held to `call` (a JSON Schema), one or, with `parallel`, more;
-        with `auto`, or else text that does not begin as calls do."""
-        body = f"call: %json {json.dumps({**call, 'x-guidance': JSON_LAYOUT})}\n"
-        if self.name == HERMES:
+        """Lark for llguidance (all but json, whose replies are held by a JSON Schema): a reply
+        of calls, each held to `call` (a JSON Schema: _call_schema's, one of its calls), one
+        or, with `parallel`, more; with `auto`, or else text that does not begin as calls do."""
+        opening = "<tool_call>" if self.name == HERMES else "[TOOL_CALLS]"
+        if self.name == MISTRAL_ARGS:
+            body = self._named_calls(call) + f"calls: call{'+' if parallel else ''}\n"
+        elif self.name == HERMES:
             more = ' ("\\n" tagged)*' if parallel else ""
-            body += f"calls: tagged{more}\n"
-            body += f'tagged: {self._marker("<tool_call>")} "\\n" call "\\n" '
+            body = _json_rule("call", call) + f"calls: tagged{more}\n"
+            body += f'tagged: {self._marker(opening)} "\\n" call "\\n" '
             body += f"{self._marker('</tool_call>')}\n"
-            opening = "<tool_call>"
         else:
             more = ' (", " call)*' if parallel else ""
-            body += f'calls: {self._marker("[TOOL_CALLS]")} " [" call{more} "]"\n'
-            opening = "[TOOL_CALLS]"
+            body = _json_rule("call", call)
+            body += f'calls: {self._marker(opening)} "{self.gap}[" call{more} "]"\n'
         if not auto:
             return "start: calls\n" + body
         # Text may not begin with the marker's text either (as its special token, or spelled
         # out): a reply is read as calls by how it begins.
         return f"start: TEXT | calls\n{body}TEXT: /{not_beginning(opening)}/\n"
+
+    def _named_calls(self, call: dict[str, Any]) -> str:
+        """mistral-args' calls: the name is text before [ARGS], so each tool has a rule of its
+        own, its name then its arguments."""
+        defs, rules, names = call["$defs"], "", []
+        for i, ref in enumerate(call["anyOf"]):
+            one = defs[ref["$ref"].removeprefix("#/$defs/")]["properties"]
+            name = json.dumps(one["name"]["const"])  # a Lark string: names are [A-Za-z0-9_-]
+            rules += _json_rule(f"arguments{i}", {"$defs": defs, **one[self.arguments_key]})
+            rules += f"call{i}: {self._marker('[TOOL_CALLS]')} {name} {self._marker('[ARGS]')} "
+            rules += f"arguments{i}\n"
+            names.append(f"call{i}")
+        return rules + f"call: {' | '.join(names)}\n"
 
     def verdict(self, text: str) -> bool | None:
         """Whether a reply that begins with `text` is calls (True) or text (False); None while
@@ -95,7 +138,9 @@ class ToolFormat:
         if self.name == HERMES:
             return "\n".join(f"<tool_call>\n{_dumps(c)}\n</tool_call>" for c in objects)
         if self.name == MISTRAL:
-            return f"[TOOL_CALLS] {_dumps(objects)}"
+            return f"[TOOL_CALLS]{self.gap}{_dumps(objects)}"
+        if self.name == MISTRAL_ARGS:
+            return "".join(f"[TOOL_CALLS]{name}[ARGS]{_dumps(a)}" for name, a in calls)
         return _dumps(objects if len(objects) > 1 else objects[0])
 
     def read(self, text: str) -> list[dict[str, str]] | None:
@@ -114,6 +159,14 @@ class ToolFormat:
                     if not part.startswith("<tool_call>"):
                         return None
                     found.append(json.loads(part.removeprefix("<tool_call>")))
+            elif self.name == MISTRAL_ARGS:
+                parts = text.split("[TOOL_CALLS]")
+                if parts[0] or len(parts) < 2:
+                    return None
+                found = []
+                for part in parts[1:]:
+                    name, arguments = part.split("[ARGS]", 1)  # none: not calls (ValueError)
+                    found.append({"name": name, "arguments": json.loads(arguments)})
             else:
                 if not text.startswith("[TOOL_CALLS]"):
                     return None
@@ -143,6 +196,8 @@ def detect(template: str) -> str:
     """The form a chat template's text shows the model (json where it shows neither marker)."""
     if "<tool_call>" in template:
         return HERMES
+    if "[ARGS]" in template:
+        return MISTRAL_ARGS
     if "[TOOL_CALLS]" in template:
         return MISTRAL
     return JSON
@@ -158,6 +213,10 @@ def not_beginning(prefix: str) -> str:
         if k:
             alternatives.append(head)
     return "(" + "|".join(alternatives) + ")"
+
+
+def _json_rule(name: str, schema: dict[str, Any]) -> str:
+    return f"{name}: %json {json.dumps({**schema, 'x-guidance': JSON_LAYOUT})}\n"
 
 
 def _dumps(value: Any) -> str:
