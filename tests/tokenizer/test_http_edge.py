@@ -530,6 +530,12 @@ def test_tokenize_bodies_convert_to_the_grpc_requests() -> None:
             tokenize_request(neither_or_both, "m")
     with pytest.raises(NotFound):
         tokenize_request(TokenizeRequest(prompt="a", model="gpt-4o"), "m")
+    asked = {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]}
+    shown = tokenize_request(TokenizeRequest.model_validate(asked), "m").chat.tools
+    assert [t["function"]["name"] for t in json.loads(shown)] == ["weather"]
+    with pytest.raises(InvalidRequest, match="renders messages") as err:
+        tokenize_request(TokenizeRequest.model_validate({"prompt": "x", "tools": [WEATHER]}), "m")
+    assert err.value.field == "tools"
     assert list(detokenize_request(DetokenizeRequest(tokens=[0, 9]), "m", 10).token_ids) == [0, 9]
     with pytest.raises(InvalidRequest, match=r"ids \[10\] are outside \[0, 10\)") as err:
         detokenize_request(DetokenizeRequest(tokens=[3, 10]), "m", 10)
