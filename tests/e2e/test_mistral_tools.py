@@ -17,25 +17,12 @@ import pytest
 from engine import registry
 from engine.tokenizer import ChatTemplate, Tokenizer, load_tokenizer
 from harness.pipeline import Pipeline, pipeline
+from tests.e2e.test_chat_template import ASK, WEATHER
 
 pytestmark = pytest.mark.slow
 
 TEMPLATES = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/"
 NEMO = TEMPLATES + "mistralai-Mistral-Nemo-Instruct-2407.jinja"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city now.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
