@@ -204,10 +204,11 @@ def test_an_assistants_tool_calls_become_its_text() -> None:
     turns = [(m.role, m.content) for m in request.chat.messages]
     assert turns[1] == ("assistant", '{"name": "weather", "parameters": {"city": "Oslo"}}')
     assert turns[2] == ("tool", "sunny")
-    call["function"]["arguments"] = "{oops"  # type: ignore[index]
-    with pytest.raises(InvalidRequest) as err:
-        chat_plan(ChatCompletionRequest.model_validate({"messages": messages}), "r", "m")
-    assert err.value.field == "messages[1].tool_calls[0].function.arguments"
+    for arguments, says in (("{oops", "is not JSON"), ("[1]", "must be a JSON object")):
+        call["function"]["arguments"] = arguments  # type: ignore[index]
+        with pytest.raises(InvalidRequest, match=says) as err:
+            chat_plan(ChatCompletionRequest.model_validate({"messages": messages}), "r", "m")
+        assert err.value.field == "messages[1].tool_calls[0].function.arguments"
 
 
 @pytest.fixture(scope="module")

@@ -190,11 +190,14 @@ def _add_messages(
             continue
         written: list[tuple[str, Any]] = []  # (name, arguments)
         for j, call in enumerate(message.tool_calls):
+            field = f"messages[{i}].tool_calls[{j}].function.arguments"
             try:
-                written.append((call.function.name, json.loads(call.function.arguments)))
+                arguments = json.loads(call.function.arguments)
             except json.JSONDecodeError as err:
-                field = f"messages[{i}].tool_calls[{j}].function.arguments"
                 raise InvalidRequest(field, f"is not JSON: {err}") from None
+            if not isinstance(arguments, dict):
+                raise InvalidRequest(field, "must be a JSON object")
+            written.append((call.function.name, arguments))
         if tool_form.in_template:
             calls = [
                 {"type": "function", "function": {"name": name, "arguments": arguments}}
