@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API: routes over the tokenizer's one `Admission`.
 
     POST /v1/chat/completions, POST /v1/completions   (SSE with "stream": true)
+    POST /v1/responses   OpenAI's Responses API, as the chat completion of its input (responses.py)
     GET  /v1/models, GET /v1/models/{model}
     POST /tokenize, POST /detokenize   (vLLM's)
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
@@ -40,6 +41,8 @@ from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.http_metrics import HttpMetrics
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.reasoning import reasons
+from services.tokenizer.http.responses import ResponsesRequest, chat_form, renamed
+from services.tokenizer.http.responses_output import ResponseAnswer, event_sse
 from services.tokenizer.http.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -54,7 +57,7 @@ from services.tokenizer.http.tool_formats import ToolFormat
 from shm.errors import ShmError
 
 T = TypeVar("T")
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503)
 }
@@ -114,7 +117,7 @@ def create_app(
     a = admission
 
     async def error_response(request: Request, err: BaseException) -> JSONResponse:
-        status, body = http_error(err, chat=request.url.path == CHAT)
+        status, body = http_error(err, chat=request.url.path in (CHAT, RESPONSES))
         return JSONResponse(body, status_code=status, headers=error_headers(status))
 
     for kind in (ServiceError, EngineError, ShmError, Exception):
@@ -184,10 +187,21 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await serve(request, completion_plan(body, request.state.request_id, a.model_name))
 
-    async def serve(request: Request, plan: Plan) -> Response:
+    @v1.post("/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        form = chat_form(body)
+        request_id = request.state.request_id
+        answer = ResponseAnswer(body, request_id, a.model_name, a.tokenizer)
+        try:
+            plan = chat_plan(form.chat, request_id, a.model_name, tool_form, reasoning)
+            return await serve(request, plan, answer)
+        except InvalidRequest as err:
+            raise renamed(err, form.where) from None
+
+    async def serve(request: Request, plan: Plan, answer: ResponseAnswer | None = None) -> Response:
         response_id = f"{'chatcmpl' if plan.chat else 'cmpl'}-{request.state.request_id}"
         out = Output(a.tokenizer, response_id, a.model_name, plan)
-        route = CHAT if plan.chat else COMPLETIONS
+        route = RESPONSES if answer is not None else CHAT if plan.chat else COMPLETIONS
         specs = [a.parse(r) for r in plan.requests]
         generations = Generations(a, specs, request.headers.items(), route)
         try:
@@ -199,13 +213,15 @@ def create_app(
                 raise InvalidRequest(plan.format_param, str(err).split(": ", 1)[1]) from None
             raise
         if plan.stream:
-            events = stream(generations, out)
+            events = (
+                stream(generations, out) if answer is None else streamed(generations, out, answer)
+            )
             return StreamingResponse(events, media_type="text/event-stream")
 
         async def collect() -> dict[str, Any]:
             async for index, message in generations:
                 out.add(index, message)
-            return out.whole()
+            return out.whole() if answer is None else answer.whole(out.whole())
 
         try:
             return JSONResponse(await until_disconnected(request, collect()))
@@ -233,6 +249,28 @@ async def stream(generations: Generations, out: Output) -> AsyncIterator[str]:
             yield event
     except Exception as err:
         yield sse(http_error(err, out.chat)[1])
+    finally:
+        await generations.aclose()
+
+
+async def streamed(
+    generations: Generations, out: Output, answer: ResponseAnswer
+) -> AsyncIterator[str]:
+    """A response's events (the Responses API's), from the chat chunks of its completion."""
+    try:
+        for event in answer.begin():
+            yield event_sse(event)
+        async for index, message in generations:
+            for chunk in out.chunks(index, message):
+                for event in answer.events(chunk):
+                    yield event_sse(event)
+        for chunk in out.last_chunks():
+            for event in answer.events(chunk):
+                yield event_sse(event)
+        for event in answer.end():
+            yield event_sse(event)
+    except Exception as err:
+        yield event_sse(answer.error(http_error(err, chat=True)[1]))
     finally:
         await generations.aclose()
 

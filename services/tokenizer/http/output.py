@@ -94,16 +94,27 @@ class Output:
             "choices": choices,
         }
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
+    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> dict[str, Any]:
         chunk = self._body(self.chunk_object, choices)
         if self.plan.include_usage:
             if usage is None and self.plan.continuous_usage:
                 usage = self.usage(so_far=True)
             chunk["usage"] = usage
-        return sse(chunk)
+        return chunk
 
     def stream(self, index: int, msg: pb.GenerateResponse) -> list[str]:
         """The SSE events for one message (none for one without text, logprobs or an end)."""
+        return [sse(chunk) for chunk in self.chunks(index, msg)]
+
+    def last(self) -> list[str]:
+        """What ends the stream: the usage chunk when asked for, then [DONE]."""
+        return [*(sse(chunk) for chunk in self.last_chunks()), DONE]
+
+    def last_chunks(self) -> list[dict[str, Any]]:
+        return [self._chunk([], self.usage())] if self.plan.include_usage else []
+
+    def chunks(self, index: int, msg: pb.GenerateResponse) -> list[dict[str, Any]]:
+        """The streamed chunks of one message (none for one without text, logprobs or an end)."""
         self._count(index, msg)
         out = []
         choice = self.choices[index]
@@ -128,7 +139,7 @@ class Output:
 
     def _chat_chunks(
         self, index: int, choice: _Choice, text: str, finish: str | None, tokens: Any
-    ) -> list[str]:
+    ) -> list[dict[str, Any]]:
         out = []
         if not choice.started:  # as OpenAI: the role first, with the first output
             choice.started = True
@@ -167,11 +178,6 @@ class Output:
         body["finish_reason"] = finish
         out.append(self._chunk([body]))
         return out
-
-    def last(self) -> list[str]:
-        """What ends the stream: the usage chunk when asked for, then [DONE]."""
-        tail = [self._chunk([], self.usage())] if self.plan.include_usage else []
-        return [*tail, DONE]
 
     def add(self, index: int, msg: pb.GenerateResponse) -> None:
         """For a whole response: take in one message."""
