@@ -22,12 +22,13 @@ EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 25}
 # Generation itself is not what is fuzzed: drawn requests generate a few tokens at most.
 MAX_TOKENS = 4
 MAX_N = 2
-POSTS = {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}
+POSTS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"}
 # Fields tandem refuses by name (tests/e2e/test_openai_api.py), and a model name that is not the
 # served one: dropped from valid requests, so that more of them reach the admission path.
 REFUSED = (
     "model", "tools", "functions", "tool_choice", "function_call", "response_format", "audio",
-    "prediction", "reasoning_effort", "modalities", "best_of", "echo", "suffix",
+    "prediction", "reasoning_effort", "modalities", "best_of", "echo", "suffix", "store",
+    "previous_response_id", "reasoning", "text",
 )  # fmt: skip
 
 
@@ -46,6 +47,11 @@ def _bounded(body: Any, mode: GenerationMode, path: str) -> Any:
             body.pop(name, None)
         if path == "/detokenize" and isinstance(body.get("tokens"), list):
             body["tokens"] = [t % 256 for t in body["tokens"]]  # ids in the vocabulary
+    if path == "/v1/responses":
+        drawn = body.get("max_output_tokens", MAX_TOKENS + 1)
+        if isinstance(drawn, int) and drawn > MAX_TOKENS:
+            body["max_output_tokens"] = MAX_TOKENS
+        return body
     if not path.endswith("completions"):
         return body
         if not body.get("stream"):
