@@ -86,7 +86,7 @@ def test_options_become_the_chats() -> None:
     assert chat.response_format is not None and chat.response_format.json_schema is not None
     assert chat.response_format.json_schema.schema_ == schema
     assert chat.stream and chat.stream_options and chat.stream_options.include_usage
-    plain = chat_form(request(text={"format": {"type": "json_object"}})).chat
+    plain = chat_form(request(text={"format": {"type": "json_object"}}, include=[])).chat
     assert plain.response_format is not None and plain.response_format.type == "json_object"
 
 
@@ -96,6 +96,10 @@ def test_options_become_the_chats() -> None:
         ({"store": True}, "store"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
+        (
+            {"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
+            "include[1]",
+        ),
         ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": 3}]}, "input[0].content"),

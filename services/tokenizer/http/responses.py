@@ -63,6 +63,9 @@ class ResponsesRequest(_Request):
     metadata: dict[str, str] | None = None  # returned as given
     user: str | None = None
     reasoning: dict[str, Any] | None = None  # refused unless empty
+    # More to return. Only what tandem has none of to add is taken: the encrypted reasoning a
+    # stateless client sends back (tandem's reasoning items are plain text, kept by no one).
+    include: list[str] | None = None
 
 
 class ChatForm(BaseModel):
@@ -84,6 +87,9 @@ def chat_form(body: ResponsesRequest) -> ChatForm:
         )
     if body.reasoning:
         raise InvalidRequest("reasoning", "is not supported yet")
+    for i, name in enumerate(body.include or []):
+        if name != "reasoning.encrypted_content":
+            raise InvalidRequest(f"include[{i}]", f"{name!r} is not supported yet")
     messages: list[dict[str, Any]] = []
     where: list[int | None] = []
     if body.instructions is not None:
