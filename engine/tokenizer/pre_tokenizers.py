@@ -14,6 +14,14 @@ LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral's Tekken (NeMo, Small 3.x, Devstral, Ministral 3), as mistral-common's vocabulary
+# file gives it: letters with one leading non-letter (capitals, then lower case), each digit
+# alone, punctuation runs with their newlines or slashes, newline runs, then other whitespace.
+TEKKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _gpt2() -> PreTokenizer:
@@ -28,13 +36,22 @@ def _smollm() -> PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
-def _llama3() -> PreTokenizer:
+def _split_by(pattern: str) -> PreTokenizer:
+    """Words by a tiktoken-style pattern, then GPT-2's byte alphabet."""
     return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
+
+
+def _llama3() -> PreTokenizer:
+    return _split_by(LLAMA3_PATTERN)
+
+
+def _tekken() -> PreTokenizer:
+    return _split_by(TEKKEN_PATTERN)
 
 
 # llama.cpp gives several names one rule; these groups follow its llama-vocab.cpp.
@@ -46,11 +63,12 @@ _BY_NAME = {
     "refact": _smollm,
     "llama-bpe": _llama3,
     "llama3": _llama3,
+    "tekken": _tekken,
 }
 
-# LLaMA-3 looks a whole word up in the vocabulary before merging (as tiktoken does);
+# LLaMA-3 and Tekken look a whole word up in the vocabulary before merging (as tiktoken does);
 # the GPT-2 family always merges.
-_IGNORES_MERGES = {"llama-bpe", "llama3"}
+_IGNORES_MERGES = {"llama-bpe", "llama3", "tekken"}
 
 
 def pre_tokenizer_for(name: str) -> PreTokenizer:
