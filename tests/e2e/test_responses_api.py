@@ -16,20 +16,12 @@ import openai
 import pytest
 
 from harness.pipeline import Pipeline, pipeline
+from tests.e2e.test_chat_template import WEATHER as CHAT_WEATHER
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city now.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 24}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+# The chat tests' tool, flat as the Responses API gives it.
+WEATHER: dict[str, Any] = {"type": "function", **CHAT_WEATHER["function"]}  # type: ignore[dict-item]
 GREEDY: dict[str, Any] = {"model": "", "temperature": 0, "max_output_tokens": 12}
 
 

@@ -13,17 +13,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import InvalidRequest
 from services.tokenizer.http.errors import openai_field, validation_error
-from services.tokenizer.http.schemas import ChatCompletionRequest, Seed, _Request
+from services.tokenizer.http.schemas import (
+    ChatCompletionRequest,
+    FunctionDefinition,
+    Seed,
+    _Request,
+)
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class FunctionTool(_Request):
+class FunctionTool(FunctionDefinition):
+    """A function tool, flat as the Responses API gives it (chat nests it under "function")."""
+
+    model_config = ConfigDict(extra="forbid")
     type: Literal["function"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments
-    strict: bool | None = None  # the arguments are held to `parameters` whatever it says
 
 
 class NamedFunction(_Request):
