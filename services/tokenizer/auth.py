@@ -1,4 +1,5 @@
-"""API keys at the edge: `Authorization: Bearer KEY` on HTTP, the same in gRPC metadata.
+"""API keys at the edge: `Authorization: Bearer KEY` on HTTP (or `x-api-key: KEY`, as Anthropic's
+SDKs send it, on Anthropic's Messages API), the same in gRPC metadata.
 
 Keys are compared as SHA-256 digests with `hmac.compare_digest`, against every configured key,
 so neither a key's length nor which key nearly matched shows in the time an answer takes.
@@ -37,9 +38,16 @@ class ApiKeys:
         if not self._digests:
             return True
         scheme, _, token = (authorization or "").strip().partition(" ")
-        given = _digest(token.strip())
+        return self.allows_key(token.strip()) and scheme.lower() == "bearer"
+
+    def allows_key(self, key: str | None) -> bool:
+        """Whether a key given bare (Anthropic's x-api-key) is one of the keys (always, with
+        none set)."""
+        if not self._digests:
+            return True
+        given = _digest(key or "")
         matches = [hmac.compare_digest(given, digest) for digest in self._digests]  # no early exit
-        return any(matches) and scheme.lower() == "bearer"
+        return any(matches)
 
 
 class AuthInterceptor(aio.ServerInterceptor):

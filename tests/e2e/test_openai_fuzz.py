@@ -22,13 +22,16 @@ EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 25}
 # Generation itself is not what is fuzzed: drawn requests generate a few tokens at most.
 MAX_TOKENS = 4
 MAX_N = 2
-POSTS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"}
+POSTS = {
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/tokenize",
+    "/detokenize",
+}  # fmt: skip
 # Fields tandem refuses by name (tests/e2e/test_openai_api.py), and a model name that is not the
 # served one: dropped from valid requests, so that more of them reach the admission path.
 REFUSED = (
     "model", "tools", "functions", "tool_choice", "function_call", "response_format", "audio",
     "prediction", "reasoning_effort", "modalities", "best_of", "echo", "suffix", "store",
-    "previous_response_id", "reasoning", "text",
+    "previous_response_id", "reasoning", "text", "thinking",
 )  # fmt: skip
 
 
@@ -47,6 +50,11 @@ def _bounded(body: Any, mode: GenerationMode, path: str) -> Any:
             body.pop(name, None)
         if path == "/detokenize" and isinstance(body.get("tokens"), list):
             body["tokens"] = [t % 256 for t in body["tokens"]]  # ids in the vocabulary
+    if path == "/v1/messages":
+        drawn = body.get("max_tokens")
+        if isinstance(drawn, int) and drawn > MAX_TOKENS:
+            body["max_tokens"] = MAX_TOKENS
+        return body
     if path == "/v1/responses":
         drawn = body.get("max_output_tokens", MAX_TOKENS + 1)
         if isinstance(drawn, int) and drawn > MAX_TOKENS:
@@ -54,6 +62,7 @@ def _bounded(body: Any, mode: GenerationMode, path: str) -> Any:
         return body
     if not path.endswith("completions"):
         return body
+    if mode == GenerationMode.POSITIVE:  # what would only be refused by name
         if not body.get("stream"):
             body.pop("stream_options", None)
         if body.get("top_logprobs") is not None:

@@ -2,6 +2,8 @@
 
     POST /v1/chat/completions, POST /v1/completions   (SSE with "stream": true)
     POST /v1/responses   OpenAI's Responses API, as the chat completion of its input (responses.py)
+    POST /v1/messages    Anthropic's Messages API, as the chat completion of its messages
+                         (messages.py), its errors in Anthropic's body; its key also as x-api-key
     GET  /v1/models, GET /v1/models/{model}
     POST /tokenize, POST /detokenize   (vLLM's)
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
@@ -20,7 +22,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,9 +38,20 @@ from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.body_limit import BodyLimit
 from services.tokenizer.http.convert import Plan, chat_plan, check_served_model, completion_plan
-from services.tokenizer.http.errors import error_body, error_headers, http_error, validation_error
+from services.tokenizer.http.errors import (
+    ErrorBody,
+    anthropic_error,
+    error_body,
+    error_headers,
+    http_error,
+    validation_error,
+)
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.http_metrics import HttpMetrics
+from services.tokenizer.http.messages import MessagesError, MessagesRequest
+from services.tokenizer.http.messages import chat_form as message_chat
+from services.tokenizer.http.messages import renamed as message_renamed
+from services.tokenizer.http.messages_output import MessageAnswer
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.reasoning import reasons
 from services.tokenizer.http.responses import ResponsesRequest, chat_form, renamed
@@ -58,6 +71,7 @@ from shm.errors import ShmError
 
 T = TypeVar("T")
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+MESSAGES = "/v1/messages"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503)
 }
@@ -66,6 +80,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 # The output formats whose errors name the plan's format_param where it has one: a tool's
 # schema ("required", a named function; "auto", a grammar), structured_outputs.json.
 _NAMED_ELSEWHERE = ("output_format.json_schema", "output_format.grammar")
+
+
+class Answer(Protocol):
+    """A chat completion's answer as another API gives it (responses_output.py,
+    messages_output.py): whole, or as its own events from the chat's chunks."""
+
+    def whole(self, completion: dict[str, Any]) -> dict[str, Any]: ...
+    def begin(self) -> list[dict[str, Any]]: ...
+    def events(self, chunk: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def end(self) -> list[dict[str, Any]]: ...
+    def error(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class _RequestId:
@@ -116,9 +141,15 @@ def create_app(
     started = int(time.time())
     a = admission
 
+    def shaped(request: Request, body: ErrorBody) -> dict[str, Any]:
+        """An error body as the request's API gives it: Anthropic's on its route."""
+        return anthropic_error(body) if request.url.path == MESSAGES else body
+
     async def error_response(request: Request, err: BaseException) -> JSONResponse:
-        status, body = http_error(err, chat=request.url.path in (CHAT, RESPONSES))
-        return JSONResponse(body, status_code=status, headers=error_headers(status))
+        status, body = http_error(err, chat=request.url.path in (CHAT, RESPONSES, MESSAGES))
+        return JSONResponse(
+            shaped(request, body), status_code=status, headers=error_headers(status)
+        )
 
     for kind in (ServiceError, EngineError, ShmError, Exception):
         app.add_exception_handler(kind, error_response)
@@ -128,21 +159,29 @@ def create_app(
         errors = err.errors()
         param, message = validation_error(errors)
         if errors and errors[0].get("type") == "json_invalid":
-            return JSONResponse(error_body(400, f"the body is not valid JSON: {message}"), 400)
+            body = error_body(400, f"the body is not valid JSON: {message}")
+            return JSONResponse(shaped(request, body), 400)
         body = error_body(400, f"{param or 'the body'}: {message}", param or None)
-        return JSONResponse(body, 400)
+        return JSONResponse(shaped(request, body), 400)
 
     @app.exception_handler(HTTPException)
     async def http_exception(request: Request, err: HTTPException) -> JSONResponse:
         return JSONResponse(
-            error_body(err.status_code, str(err.detail)),
+            shaped(request, error_body(err.status_code, str(err.detail))),
             status_code=err.status_code,
             headers=err.headers,
         )
 
-    def require_key(authorization: str | None = Header(default=None)) -> None:
-        if not keys.allows(authorization):
+    def require_key(request: Request, authorization: str | None = Header(default=None)) -> None:
+        if keys.allows(authorization):
+            return
+        if request.url.path != MESSAGES:
             raise Unauthenticated("a valid API key is required: send `Authorization: Bearer KEY`")
+        # Anthropic's SDKs send the key as x-api-key.
+        if not keys.allows_key(request.headers.get("x-api-key")):
+            raise Unauthenticated(
+                "a valid API key is required: send `x-api-key: KEY` or `Authorization: Bearer KEY`"
+            )
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
@@ -198,10 +237,21 @@ def create_app(
         except InvalidRequest as err:
             raise renamed(err, form.where) from None
 
-    async def serve(request: Request, plan: Plan, answer: ResponseAnswer | None = None) -> Response:
+    @v1.post("/messages", responses={status: {"model": MessagesError} for status in _ERRORS})
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        form = message_chat(body)
+        request_id = request.state.request_id
+        try:
+            plan = chat_plan(form.chat, request_id, a.model_name, tool_form, reasoning)
+            return await serve(request, plan, MessageAnswer(request_id, a.model_name))
+        except InvalidRequest as err:
+            raise message_renamed(err, form.where) from None
+
+    async def serve(request: Request, plan: Plan, answer: Answer | None = None) -> Response:
+        """answer: a chat completion answered as another API's (its route's)."""
         response_id = f"{'chatcmpl' if plan.chat else 'cmpl'}-{request.state.request_id}"
         out = Output(a.tokenizer, response_id, a.model_name, plan)
-        route = RESPONSES if answer is not None else CHAT if plan.chat else COMPLETIONS
+        route = request.url.path if answer is not None else CHAT if plan.chat else COMPLETIONS
         specs = [a.parse(r) for r in plan.requests]
         generations = Generations(a, specs, request.headers.items(), route)
         try:
@@ -253,10 +303,9 @@ async def stream(generations: Generations, out: Output) -> AsyncIterator[str]:
         await generations.aclose()
 
 
-async def streamed(
-    generations: Generations, out: Output, answer: ResponseAnswer
-) -> AsyncIterator[str]:
-    """A response's events (the Responses API's), from the chat chunks of its completion."""
+async def streamed(generations: Generations, out: Output, answer: Answer) -> AsyncIterator[str]:
+    """An answer's events (the Responses or the Messages API's), from the chat chunks of its
+    completion."""
     try:
         for event in answer.begin():
             yield event_sse(event)

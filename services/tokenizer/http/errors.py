@@ -1,6 +1,7 @@
 """Errors as OpenAI's body (`{"error": {"message", "type", "param", "code"}}`) with the HTTP
 status users expect. The status follows the gRPC code that services/errors.py gives the same
-error, so both doors answer alike; field names are turned into OpenAI's."""
+error, so both doors answer alike; field names are turned into OpenAI's. Anthropic's Messages
+API answers its errors in Anthropic's body (anthropic_error)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,28 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
 
 def _is_form(part: object) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+
+
+# OpenAI's error types as Anthropic's, for its Messages API (a 5xx is api_error, as Anthropic's);
+# OpenAI's 404 for an unknown model is an invalid request with code model_not_found.
+_ANTHROPIC_TYPE = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "rate_limit_error": "rate_limit_error",
+    "service_unavailable": "overloaded_error",
+    "timeout": "timeout_error",
+    "error": "invalid_request_error",  # another 4xx: a method not allowed, a path not found
+}
+
+
+def anthropic_error(body: ErrorBody) -> dict[str, Any]:
+    """An error body as Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
+    error = body["error"]
+    kind = _ANTHROPIC_TYPE.get(str(error["type"]), "api_error")
+    if error["code"] == "model_not_found":
+        kind = "not_found_error"
+    return {"type": "error", "error": {"type": kind, "message": error["message"]}}
 
 
 def error_body(
