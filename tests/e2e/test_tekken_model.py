@@ -1,8 +1,8 @@
 """A Mistral NeMo-like model served whole: a tiny random LLaMA GGUF with NeMo's Tekken vocabulary
 and NeMo's own chat template. The template's markup becomes Tekken's control tokens, a required
-tool call is written with the [TOOL_CALLS] token itself (not its text in pieces) and answered
-with an id the template takes back, and the next turn shows the call and its result as
-NeMo's [TOOL_CALLS] and [TOOL_RESULTS] tokens."""
+tool call is written with the [TOOL_CALLS] token itself (not its text in pieces) and with its
+own id (as NeMo's template shows earlier calls), which the answer carries, and the next turn
+shows the call and its result as NeMo's [TOOL_CALLS] and [TOOL_RESULTS] tokens."""
 
 from __future__ import annotations
 
@@ -60,8 +60,9 @@ def test_a_tool_call_and_its_result_go_round_in_nemos_tokens(served: Pipeline) -
     assert call["function"]["name"] == "get_weather"
     assert len(call["id"]) == 9 and call["id"].isalnum()
     json.loads(call["function"]["arguments"])
-    first = choice["logprobs"]["content"][0]
-    assert first["token"] == "[TOOL_CALLS]"  # one token, the vocabulary's own
+    written = [t["token"] for t in choice["logprobs"]["content"]]
+    assert written[0] == "[TOOL_CALLS]"  # one token, the vocabulary's own
+    assert f'"id": "{call["id"]}"}}]' in "".join(written)  # the id is the one the model wrote
     history = [
         *ASK,
         {"role": "assistant", "content": None, "tool_calls": [call]},

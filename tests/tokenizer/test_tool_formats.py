@@ -248,3 +248,48 @@ def test_a_request_may_keep_special_tokens_text(vocabulary: tuple[Tokenizer, Any
         spec = parse_generate(request, "", tokenizer.vocab_size, 8192)
         texts.append(TextStream(tokenizer, spec, frozenset()).on_events(events).text)
     assert texts == ["hi", "hi", "<jupyter_code>hi"]
+
+
+@pytest.mark.parametrize(
+    ("template", "name", "calls", "without_id"),
+    [
+        (  # Mistral 7B v0.3's and NeMo's: the id last in each call's object
+            "{{ '[TOOL_CALLS][' }}{{ out[:-1] }}{{ ', \"id\": \"' + tool_call.id + '\"}' }}",
+            MISTRAL,
+            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
+            '"id": "a1B2c3D4e"}]',
+            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        ),
+        (  # Mistral Small 3.2's: [CALL_ID]id between the name and [ARGS]
+            "{{ '[TOOL_CALLS]' + name + '[CALL_ID]' + tool_call.id + '[ARGS]' + arguments }}",
+            MISTRAL_ARGS,
+            '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}',
+            '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        ),
+    ],
+)
+def test_a_call_id_the_template_shows_is_written_by_the_model_and_answered(
+    vocabulary: tuple[Tokenizer, llguidance.LLTokenizer],
+    template: str,
+    name: str,
+    calls: str,
+    without_id: str,
+) -> None:
+    """Where the template shows each earlier call's id as the model wrote it, the model writes
+    one (9 letters and digits, held so), and the reply answers with it."""
+    tokenizer, _ = vocabulary
+    shown = copy.copy(tokenizer)
+    shown.chat_template = ChatTemplate(template)
+    form = ToolFormat.of(shown)
+    assert form.name == name and form.writes_ids
+    encode = lambda text: tokenizer.encode(text, allow_special=False)  # noqa: E731
+    plan = plan_of(form, tools=[WEATHER], tool_choice="required")
+    grammar = plan.requests[0].output_format.grammar
+    assert holds(vocabulary, grammar, encode(calls))
+    assert not holds(vocabulary, grammar, encode(without_id))
+    assert not holds(vocabulary, grammar, encode(calls.replace("a1B2c3D4e", "call_1")))
+    (reply,) = streamed(plan, tokenizer, calls)[-1:]
+    (call,) = reply["delta"]["tool_calls"]
+    assert call["id"] == "a1B2c3D4e"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert not ToolFormat(name).writes_ids  # a template that shows no ids: tandem makes them

@@ -130,6 +130,7 @@ def test_mistral_call_ids_are_what_its_template_takes(smollm: Tokenizer, sdist: 
     tokenizer = with_template(smollm, sdist, "mistralai-Mistral-Nemo-Instruct-2407")
     form = ToolFormat.of(tokenizer)
     assert form.gap == ""  # NeMo writes "[TOOL_CALLS][", Mistral 7B v0.3 "[TOOL_CALLS] ["
+    assert form.writes_ids  # each earlier call's id is shown in its object: the model writes it
     assert all(re.fullmatch(r"[A-Za-z0-9]{9}", form.call_id()) for _ in range(20))
     assert form.read('[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Oslo"}}]') == [
         {"name": "weather", "arguments": '{"city": "Oslo"}'}

@@ -273,7 +273,12 @@ class Output:
             return {"role": "assistant", "content": text}, finish
         assert calls is not None
         listed = [
-            {"id": calls.form.call_id(), "type": "function", "function": f} for f in functions
+            {
+                "id": f.get("id") or calls.form.call_id(),  # the model's own, where it writes one
+                "type": "function",
+                "function": {"name": f["name"], "arguments": f["arguments"]},
+            }
+            for f in functions
         ]
         # OpenAI ends a call that tool_choice named with "stop".
         return {

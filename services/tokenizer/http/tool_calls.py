@@ -87,7 +87,7 @@ def tool_calls(
     out = request.output_format
     if choice in ("required", "auto"):
         auto = choice == "auto"
-        call = _call_schema([arguments(t) for t in tools], names, form.arguments_key)
+        call = _call_schema([arguments(t) for t in tools], names, form.arguments_key, form.id_key)
         parallel = body.parallel_tool_calls is not False
         if form.keeps_special_tokens:  # the markers are special tokens: their text is read
             request.skip_special_tokens = False
@@ -121,11 +121,15 @@ def tools_json(tools: list[Tool]) -> str:
 
 
 def _call_schema(
-    parameters: list[dict[str, Any]], names: list[str], arguments_key: str
+    parameters: list[dict[str, Any]],
+    names: list[str],
+    arguments_key: str,
+    id_key: str | None = None,
 ) -> dict[str, Any]:
     """A call of any of the tools, {"name", arguments_key} ("parameters" or "arguments") held
-    to that tool's schema. Each tool's schema is written once, under $defs (its own $defs with
-    it, its references made to point there)."""
+    to that tool's schema, and the call's id last where the model writes one (`id_key`). Each
+    tool's schema is written once, under $defs (its own $defs with it, its references made to
+    point there)."""
     defs: dict[str, Any] = {}
     for i, (schema, name) in enumerate(zip(parameters, names, strict=True)):
         own = {**schema}
@@ -136,10 +140,13 @@ def _call_schema(
             for sub, value in held.items():
                 defs[f"t{i}_{sub}"] = _rebased(value, i)
         defs[f"t{i}"] = _rebased(own, i)
+        properties = {"name": {"const": name}, arguments_key: {"$ref": f"#/$defs/t{i}"}}
+        if id_key is not None:
+            properties[id_key] = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}
         defs[f"call{i}"] = {
             "type": "object",
-            "properties": {"name": {"const": name}, arguments_key: {"$ref": f"#/$defs/t{i}"}},
-            "required": ["name", arguments_key],
+            "properties": properties,
+            "required": list(properties),
             "additionalProperties": False,
         }
     return {"$defs": defs, "anyOf": [{"$ref": f"#/$defs/call{i}"} for i in range(len(names))]}

@@ -32,8 +32,9 @@ FORMATS = (JSON, HERMES, MISTRAL, MISTRAL_ARGS)
 _MARKERS = {
     HERMES: ("<tool_call>", "</tool_call>"),
     MISTRAL: ("[TOOL_CALLS]",),
-    MISTRAL_ARGS: ("[TOOL_CALLS]", "[ARGS]"),
+    MISTRAL_ARGS: ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
 }
+_CALL_ID = "[A-Za-z0-9]{9}"  # Mistral's ids, as its templates require them
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}/-")
 _ALNUM = string.ascii_letters + string.digits
 
@@ -49,6 +50,9 @@ class ToolFormat:
     # mistral: what comes between [TOOL_CALLS] and the list ("[TOOL_CALLS] [" in Mistral 7B
     # v0.3's template, "[TOOL_CALLS][" in Mistral NeMo's).
     gap: str = " "
+    # Whether the model writes each call's id itself, as its template shows earlier calls
+    # (Mistral's: "id" last in each call's object; Small 3.2's: [CALL_ID]id before [ARGS]).
+    writes_ids: bool = False
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, name: str = "auto") -> ToolFormat:
@@ -66,11 +70,18 @@ class ToolFormat:
             tuple((m, i) for m, i in found if i is not None),
             in_template=template is not None and template.renders_tool_calls,
             gap="" if "[TOOL_CALLS][" in source else " ",
+            writes_ids=(name == MISTRAL and '"id": "' in source)
+            or (name == MISTRAL_ARGS and "[CALL_ID]" in source),
         )
 
     @property
     def arguments_key(self) -> str:
         return "parameters" if self.name == JSON else "arguments"
+
+    @property
+    def id_key(self) -> str | None:
+        """The key of a call's own id in its JSON object, where the model writes one there."""
+        return "id" if self.writes_ids and self.name == MISTRAL else None
 
     def call_id(self) -> str:
         """A new call's id, as the model's template takes it back (Mistral's: 9 letters and
@@ -114,10 +125,13 @@ class ToolFormat:
             one = defs[ref["$ref"].removeprefix("#/$defs/")]["properties"]
             name = json.dumps(one["name"]["const"])  # a Lark string: names are [A-Za-z0-9_-]
             rules += _json_rule(f"arguments{i}", {"$defs": defs, **one[self.arguments_key]})
-            rules += f"call{i}: {self._marker('[TOOL_CALLS]')} {name} {self._marker('[ARGS]')} "
-            rules += f"arguments{i}\n"
+            rules += f"call{i}: {self._marker('[TOOL_CALLS]')} {name} "
+            if self.writes_ids:
+                rules += f"{self._marker('[CALL_ID]')} CALL_ID "
+            rules += f"{self._marker('[ARGS]')} arguments{i}\n"
             names.append(f"call{i}")
-        return rules + f"call: {' | '.join(names)}\n"
+        rules += f"call: {' | '.join(names)}\n"
+        return rules + (f"CALL_ID: /{_CALL_ID}/\n" if self.writes_ids else "")
 
     def verdict(self, text: str) -> bool | None:
         """Whether a reply that begins with `text` is calls (True) or text (False); None while
@@ -144,8 +158,8 @@ class ToolFormat:
         return _dumps(objects if len(objects) > 1 else objects[0])
 
     def read(self, text: str) -> list[dict[str, str]] | None:
-        """The calls (each {"name", "arguments"}, the arguments as JSON text) a whole reply
-        holds; None where it holds none in this form."""
+        """The calls (each {"name", "arguments"}, the arguments as JSON text, and "id" where the
+        model writes it) a whole reply holds; None where it holds none in this form."""
         try:
             if self.name == JSON:
                 parsed = json.loads(text)
@@ -166,7 +180,9 @@ class ToolFormat:
                 found = []
                 for part in parts[1:]:
                     name, arguments = part.split("[ARGS]", 1)  # none: not calls (ValueError)
-                    found.append({"name": name, "arguments": json.loads(arguments)})
+                    name, _, call_id = name.partition("[CALL_ID]")
+                    call = {"name": name, "arguments": json.loads(arguments), "id": call_id}
+                    found.append(call)
             else:
                 if not text.startswith("[TOOL_CALLS]"):
                     return None
@@ -174,10 +190,13 @@ class ToolFormat:
                 if not isinstance(found, list):
                     return None
             key = self.arguments_key
-            return [
-                {"name": c["name"], "arguments": json.dumps(c[key], ensure_ascii=False)}
-                for c in found
-            ]
+            calls = []
+            for c in found:
+                call = {"name": c["name"], "arguments": json.dumps(c[key], ensure_ascii=False)}
+                if self.writes_ids and c.get("id"):  # the model's own id, held to the form
+                    call["id"] = c["id"]
+                calls.append(call)
+            return calls
         except (ValueError, TypeError, KeyError):
             return None
 
