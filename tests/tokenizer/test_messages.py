@@ -26,9 +26,8 @@ from services.tokenizer.http.messages import (
     renamed,
 )
 from services.tokenizer.http.messages_output import MessageAnswer
-from services.tokenizer.http.output import Output
 from services.tokenizer.http.tool_formats import LLAMA_JSON
-from tandem.v1 import generation_pb2 as pb
+from tests.tokenizer.answered import answered as shared_answered
 
 # Each event's model in the SDK, by its type.
 EVENTS = {
@@ -198,36 +197,16 @@ def answered(
     """The streamed events, the whole message of a reply of these texts, and the message the
     SDK assembles from the events."""
     plan = chat_plan(chat_form(body).chat, "r", "m", LLAMA_JSON, reasons)
-    whole_out, stream_out = Output(tokenizer, "id", "m", plan), Output(tokenizer, "id", "m", plan)
-    prompt = pb.GenerateResponse(prompt_token_ids=[1, 2, 3])
-    whole_out.on_prompts([prompt])
-    stream_out.on_prompts([prompt])
-    streamed = MessageAnswer("r", "m")
-    events = streamed.begin()
-    made = 0
-    for i, text in enumerate(texts):
-        last = i == len(texts) - 1
-        msg = pb.GenerateResponse(text=text, finish_reason="stop" if last else "")
-        msg.token_ids.extend(tokenizer.encode(text, allow_special=False))
-        made += len(msg.token_ids)
-        if last:
-            msg.usage.completion_tokens = made
-            msg.usage.cached_prompt_tokens = 2
-        whole_out.add(0, msg)
-        for chunk in stream_out.chunks(0, msg):
-            events += streamed.events(chunk)
-    for chunk in stream_out.last_chunks():
-        events += streamed.events(chunk)
-    events += streamed.end()
+    streamed, whole = MessageAnswer("r", "m"), MessageAnswer("r", "m")
+    events, message = shared_answered(tokenizer, plan, streamed, whole, texts, cached=2)
     snapshot = None
     json_bufs: dict[int, bytes] = {}
     for event in events:
         EVENTS[event["type"]].model_validate(event)  # as the SDK reads it
         snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=json_bufs)  # type: ignore[arg-type]
-    whole = MessageAnswer("r", "m").whole(whole_out.whole())
-    Message.model_validate(whole)
+    Message.model_validate(message)
     assert snapshot is not None
-    return events, whole, snapshot
+    return events, message, snapshot
 
 
 def test_a_reasoning_reply_streams_as_a_thinking_block_then_the_text(

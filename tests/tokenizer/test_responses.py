@@ -14,7 +14,6 @@ from openai.types.responses import Response, ResponseStreamEvent
 from engine.errors import InvalidRequest
 from engine.tokenizer import Tokenizer, load_tokenizer
 from services.tokenizer.http.convert import chat_plan
-from services.tokenizer.http.output import Output
 from services.tokenizer.http.responses import (
     ResponsesRequest,
     chat_form,
@@ -23,7 +22,7 @@ from services.tokenizer.http.responses import (
 )
 from services.tokenizer.http.responses_output import ResponseAnswer
 from services.tokenizer.http.tool_formats import LLAMA_JSON
-from tandem.v1 import generation_pb2 as pb
+from tests.tokenizer.answered import answered as shared_answered
 
 # Each event's model in the SDK, by its type.
 EVENTS = {
@@ -134,30 +133,15 @@ def test_the_chats_errors_name_the_responses_fields() -> None:
 def answered(
     tokenizer: Tokenizer, body: ResponsesRequest, texts: list[str], reasons: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The streamed events and the whole response of a reply of these texts."""
+    """The streamed events and the whole response of a reply of these texts, each as the SDK
+    reads it."""
     plan = chat_plan(chat_form(body).chat, "r", "m", LLAMA_JSON, reasons)
-    whole_out, stream_out = Output(tokenizer, "id", "m", plan), Output(tokenizer, "id", "m", plan)
-    streamed = ResponseAnswer(body, "r", "m", tokenizer)
-    events = streamed.begin()
-    made = 0
-    for i, text in enumerate(texts):
-        last = i == len(texts) - 1
-        msg = pb.GenerateResponse(text=text, finish_reason="stop" if last else "")
-        msg.token_ids.extend(tokenizer.encode(text, allow_special=False))
-        made += len(msg.token_ids)
-        if last:
-            msg.usage.completion_tokens = made
-        whole_out.add(0, msg)
-        for chunk in stream_out.chunks(0, msg):
-            events += streamed.events(chunk)
-    for chunk in stream_out.last_chunks():
-        events += streamed.events(chunk)
-    events += streamed.end()
+    streamed, whole = (ResponseAnswer(body, "r", "m", tokenizer) for _ in range(2))
+    events, response = shared_answered(tokenizer, plan, streamed, whole, texts)
     for event in events:
-        EVENTS[event["type"]].model_validate(event)  # as the SDK reads it
-    whole = ResponseAnswer(body, "r", "m", tokenizer).whole(whole_out.whole())
-    Response.model_validate(whole)
-    return events, whole
+        EVENTS[event["type"]].model_validate(event)
+    Response.model_validate(response)
+    return events, response
 
 
 def test_a_reasoning_reply_streams_as_a_reasoning_item_then_the_message(
