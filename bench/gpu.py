@@ -176,7 +176,10 @@ def measure_8b(
             0.0 if rest else prefill_flops / sustained_flops * 1000,
             all_ms=[t * 1000 for t in times],
         )
-    eager = Engine(engine.loaded, engine.num_kv_blocks, engine.block_size, 256, cuda_graphs=False)
+    # Its own pool, just big enough: a second 48 GiB one would not fit beside the first on an
+    # 80 GB card.
+    eager_blocks = -(-(512 + steps) // engine.block_size) + 1
+    eager = Engine(engine.loaded, eager_blocks, engine.block_size, 256, cuda_graphs=False)
     begin()
     row(
         "8B batch-1 decode",

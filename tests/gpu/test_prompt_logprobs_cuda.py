@@ -49,12 +49,22 @@ def test_prompt_logprobs_on_cuda_agree_with_the_cpu(tandem_home: Path) -> None:
     cpu = Engine.from_path(model, kv_cache_bytes=64 << 20, progress=False, quantize="none")
     # One token chunks too: rows a decode graph would take, were they not scored.
     cuts = [1, 2, 17, len(ids) - 1]
-    got, want = scores(cuda, ids, cuts), scores(cpu, ids, [])
+    got, whole, want = scores(cuda, ids, cuts), scores(cuda, ids, []), scores(cpu, ids, [])
     positions = [r.start + i for r in got for i in range(len(r.logprobs))]
     assert positions == list(range(1, len(ids)))
-    ours = torch.tensor([lp for r in got for lp in r.logprobs])
-    reference = torch.tensor([lp for r in want for lp in r.logprobs])
-    assert (ours - reference).abs().max() < 0.15  # bf16 weights and activations
+    ours, once, reference = (
+        torch.tensor([lp for r in rows for lp in r.logprobs]) for rows in (got, whole, want)
+    )
+    # The same bf16 numbers, whether the prompt came in one chunk or in five beside a decode:
+    # only the matmuls' shapes differ.
+    chunking = (ours - once).abs()
+    # Against fp32: bf16 keeps 8 bits of a logit, so a logprob of -14 moves by a tenth; a row
+    # taken from the wrong place is off by whole units.
+    dtype = (ours - reference).abs()
+    print(f"chunked vs whole (cuda): max {chunking.max():.4f} mean {chunking.mean():.4f}")
+    print(f"cuda bf16 vs cpu fp32: max {dtype.max():.4f} mean {dtype.mean():.4f}")
+    assert chunking.max() < 0.1
+    assert dtype.max() < 0.4 and dtype.mean() < 0.05
     top1 = [t[0][0] for r in got for t in r.top]
     assert sum(
         a == b for a, b in zip(top1, [t[0][0] for r in want for t in r.top], strict=True)
