@@ -30,7 +30,7 @@ SHAPES = {
     "head": (VOCAB, DIM, NORM, STORE),
 }
 GRIDS = {  # (BN, BK, warps) tried beside each format's default
-    "bf16": [],
+    "bf16": list(itertools.product([2, 4, 8], [1024, 2048, 4096], [4, 8])),
     "int8": list(itertools.product([8, 16, 32], [512, 1024, 2048], [4, 8])),
     "fp8": list(itertools.product([4, 8, 16], [1024, 2048, 4096], [4, 8])),
 }
@@ -84,7 +84,7 @@ def measure(name: str, fmt: str, bandwidth: float) -> list[dict[str, Any]]:
         kw.update(prologue=NORM, norm_weight=g, eps=1e-5)
     if epilogue == RESIDUAL:
         kw["residual"] = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
-    default = _tile(n, k, 0 if fmt == "fp8" else w.element_size())
+    default = _tile(n, k, 0 if fmt == "fp8" else w.element_size(), x.device)
     tiles = [default] + [t for t in GRIDS[fmt] if t != default and t[1] <= 2 * k]
     candidates: list[tuple[str, list[Any]]] = []
     for t in tiles:

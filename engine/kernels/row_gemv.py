@@ -45,6 +45,8 @@ conversion (e4m3 pairs to fp16 pairs, then fp32): e4m3 has no linear bit trick l
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -211,23 +213,30 @@ def _row_gemv(
         tl.store(out_ptr + rn, y.to(dt), mask=nmask)
 
 
-def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
-    """(BN, BK, warps) for an N × K product, the best measured on an H200 at the LLaMA-3-8B
-    shapes (bench/RESULTS-gpu.md).
+@functools.cache
+def _h200(device: torch.device) -> bool:
+    return device.type == "cuda" and "H200" in torch.cuda.get_device_name(device)
 
-    bf16: 4 rows a program, 8 warps, and wide loads (4,096 inputs; 2,048 for the 4,096-row
-    products, whose 1,024 programs are few enough already) keep enough bytes in flight. Int8,
-    whose widening is arithmetic: more rows a program share each input, with 4 warps and
-    narrower loads. (Splitting K across programs, the last to finish summing the parts, was
-    slower for every shape, bf16 and int8.) FP8 (weight_bytes 0: a conversion, not int8's
-    arithmetic): 8 rows and 4 warps, narrower loads for the 14,336-input rows."""
+
+def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, int, int]:
+    """(BN, BK, warps) for an N × K product, the best measured at the LLaMA-3-8B shapes
+    (bench/RESULTS-gpu.md): on an H200, and for bf16 also on an H100.
+
+    bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs;
+    on an H200 4,096 for the products of more than 4,096 rows (the QKV, gate/up and the head),
+    on an H100 that cost 2 points of batch-1 decode. Int8, whose widening is arithmetic: more
+    rows a program share each input, with 4 warps and narrower loads. (Splitting K across
+    programs, the last to finish summing the parts, was slower for every shape, bf16 and int8.)
+    FP8 (weight_bytes 0: a conversion, not int8's arithmetic): 8 rows and 4 warps, narrower
+    loads for the 14,336-input rows."""
     if weight_bytes == 0:
         return 8, 1024 if k > 4096 else min(4096, triton.next_power_of_2(k)), 4
     if weight_bytes == 1:
         if k > 4096:
             return 8, 2048, 4
         return (32, 512, 4) if n > 8192 else (16, 1024, 4)
-    return 4, min(2048 if n <= 4096 else 4096, triton.next_power_of_2(k)), 8
+    wide = 4096 if n > 4096 and _h200(device) else 2048
+    return 4, min(wide, triton.next_power_of_2(k)), 8
 
 
 def row_gemv(
@@ -259,7 +268,7 @@ def row_gemv(
     assert (scale is not None) == (int8 or fp8) and (int8 or fp8 or weight.dtype == x.dtype)
     assert (prologue == NORM) == (norm_weight is not None)
     assert (epilogue == RESIDUAL) == (residual is not None)
-    bn, bk, warps = tile or _tile(n, k, 0 if fp8 else weight.element_size())
+    bn, bk, warps = tile or _tile(n, k, 0 if fp8 else weight.element_size(), x.device)
     if epilogue == SWIGLU:
         assert n % 2 == 0 and bn % 2 == 0
         n //= 2
