@@ -12,6 +12,7 @@ class StopStringMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, delta: str) -> str:
         if self.stopped:
@@ -19,11 +20,12 @@ class StopStringMatcher:
         if not self.stops:
             return delta
         text = self._held + delta
-        hits = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        hits = [(i, stop) for stop in self.stops if (i := text.find(stop)) >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])  # the first to begin
             self.stopped = True
             self._held = ""
-            return text[: min(hits)]
+            return text[:at]
         keep = self._partial_suffix(text)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]

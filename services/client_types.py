@@ -227,6 +227,8 @@ class Delta:
     finish_reason: str | None = None  # set on the last delta only, with usage
     usage: Usage | None = None
     index: int = 0  # which of the request's n sequences
+    # The last delta's, where one of the request's stop strings or stop_token_ids ended it.
+    stop_reason: str | int | None = None
 
     @classmethod
     def from_pb(cls, msg: pb.GenerateResponse) -> Delta:
@@ -238,7 +240,14 @@ class Delta:
             prompt_logprobs=tuple(PromptTokenLogprob.from_pb(t) for t in msg.prompt_logprobs),
             finish_reason=msg.finish_reason or None,
             usage=Usage.from_pb(msg.usage) if msg.finish_reason else None,
+            stop_reason=stopped_by(msg),
         )
+
+
+def stopped_by(msg: pb.GenerateResponse) -> str | int | None:
+    """The request's stop string or stop token id that ended a sequence, from its last message."""
+    which = msg.WhichOneof("stopped_by")
+    return None if which is None else getattr(msg, which)
 
 
 @dataclass
@@ -250,6 +259,7 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # None until its last message arrived
     usage: Usage | None = None
+    stop_reason: str | int | None = None  # the request's own stop that ended it
 
     def add(self, delta: Delta) -> None:
         self.text += delta.text
@@ -258,6 +268,7 @@ class Choice:
         if delta.finish_reason:
             self.finish_reason = delta.finish_reason
             self.usage = delta.usage
+            self.stop_reason = delta.stop_reason
 
 
 @dataclass
@@ -295,6 +306,10 @@ class GenerationResult:
     @property
     def usage(self) -> Usage | None:
         return self.choices[0].usage
+
+    @property
+    def stop_reason(self) -> str | int | None:
+        return self.choices[0].stop_reason
 
     def add(self, msg: pb.GenerateResponse) -> Delta | None:
         """Take in one message; the delta it carries, or None for the header-only first one."""

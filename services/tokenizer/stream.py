@@ -32,6 +32,7 @@ class TextStream:
         self.detok = Detokenizer(tokenizer, skip_special=spec.skip_special_tokens)
         self.stops = StopStringMatcher(spec.stop_strings)
         self.stop_token_ids = stop_ids
+        self.own_stop_ids = spec.stop_token_ids  # the request's, beside the model's own
         self.logprobs = spec.sampling.logprobs
         self.min_tokens = spec.sampling.min_tokens  # stop strings are matched after these tokens
         self.num_tokens = 0
@@ -64,9 +65,14 @@ class TextStream:
                 text.append(piece if self.num_tokens <= self.min_tokens else self.stops.feed(piece))
         if self.stops.stopped:
             reply.finish_reason = "stop"
+            assert self.stops.matched is not None
+            reply.stop_string = self.stops.matched
         elif events.finish_reason in ("stop", "length"):
             text.append(self.stops.feed(self.detok.flush()) + self.stops.flush())
             reply.finish_reason = events.finish_reason
+            last = reply.token_ids[-1] if reply.token_ids else None
+            if events.finish_reason == "stop" and last in self.own_stop_ids:
+                reply.stop_token_id = last
         elif events.finish_reason:
             raise ended_abnormally(events)
         reply.text = "".join(text)

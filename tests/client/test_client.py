@@ -11,7 +11,7 @@ import pytest
 from fake_server import TRACE_ID, FakeServer, Script, restart_serving, stream
 
 from services.client import Delta, TandemClient, TandemError, Usage
-from services.client_types import InvalidOption, generate_request
+from services.client_types import GenerationResult, InvalidOption, generate_request
 from tandem.v1 import generation_pb2 as pb
 
 PIECES = [("The", [504]), (" capital", [3575]), (" is Paris", [314, 7042]), (".", [30])]
@@ -22,6 +22,20 @@ WAIT = 10.0
 
 def hang_after(pieces: list[tuple[str, list[int]]]) -> Script:
     return Script(stream(pieces, finish_reason=""), hang=True)
+
+
+def test_the_stop_that_ended_each_sequence_is_read() -> None:
+    result = GenerationResult(n=3)
+    assert result.add(pb.GenerateResponse(request_id="r", prompt_token_ids=[1])) is None
+    ends = [
+        pb.GenerateResponse(text="a", token_ids=[5], finish_reason="stop", stop_string="b"),
+        pb.GenerateResponse(index=1, token_ids=[7], finish_reason="stop", stop_token_id=7),
+        pb.GenerateResponse(index=2, text="c", token_ids=[9], finish_reason="length"),
+    ]
+    deltas = [result.add(end) for end in ends]
+    assert [d.stop_reason for d in deltas if d is not None] == ["b", 7, None]
+    assert [c.stop_reason for c in result.choices] == ["b", 7, None]
+    assert result.stop_reason == "b"
 
 
 async def test_stream_assembles_what_was_sent(fake: FakeServer) -> None:

@@ -104,6 +104,28 @@ def test_a_streamed_message_is_the_whole_one_event_by_event(sdk: anthropic.Anthr
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
+def test_a_stop_sequence_ends_the_message_and_is_named(sdk: anthropic.Anthropic) -> None:
+    asked: dict[str, Any] = {**GREEDY, "max_tokens": 24, "messages": [ASK]}
+    (said,) = sdk.messages.create(**asked).content
+    assert said.type == "text"
+    words = said.text.split()
+    assert len(words) >= 3, said.text
+    word = f" {words[2]}"  # the third word, with the space before it
+    stopped = sdk.messages.create(**asked, stop_sequences=["\u00a7never", word])
+    (text,) = stopped.content
+    assert text.type == "text" and text.text == said.text[: said.text.index(word)]
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+    with sdk.messages.stream(**asked, stop_sequences=[word]) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    (delta,) = [e for e in events if e.type == "message_delta"]
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == ("stop_sequence", word)
+    assert final.stop_sequence == word
+    assert [b.model_dump(exclude_none=True) for b in final.content] == [
+        b.model_dump(exclude_none=True) for b in stopped.content
+    ]
+
+
 def test_a_tool_use_goes_out_and_its_result_comes_back(
     served: Pipeline, sdk: anthropic.Anthropic
 ) -> None:

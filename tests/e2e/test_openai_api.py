@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -215,16 +216,27 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(
     assert refused.value.body["param"] == "max_tokens"  # type: ignore[index]
 
 
-def test_stop_strings_end_the_text(sdk: openai.OpenAI) -> None:
+def test_stop_strings_end_the_text(sdk: openai.OpenAI, grpc_client: Client) -> None:
     prompt = "Count from 1 to 50: 1, 2, 3,"
     full = sdk.completions.create(model="", prompt=prompt, max_tokens=40, temperature=0)
     text = full.choices[0].text
     assert " 9," in text, text
-    stopped = sdk.completions.create(
-        model="", prompt=prompt, max_tokens=40, temperature=0, stop=[" 9,"]
-    )
-    assert stopped.choices[0].text == text[: text.index(" 9,")]
+    assert " 7," in text and text.index(" 7,") < text.index(" 9,")
+    asked: dict[str, Any] = dict(model="", prompt=prompt, max_tokens=40, temperature=0)
+    # The first to begin ends it, and is named (vLLM's stop_reason), whichever is listed first.
+    stopped = sdk.completions.create(**asked, stop=[" 9,", " 7,"])
+    assert stopped.choices[0].text == text[: text.index(" 7,")]
     assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].model_extra["stop_reason"] == " 7,"  # type: ignore[index]
+    chunks = list(sdk.completions.create(**asked, stop=[" 9,", " 7,"], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == stopped.choices[0].text
+    assert chunks[-1].choices[0].model_extra["stop_reason"] == " 7,"  # type: ignore[index]
+    # A stop token id of the request's is named too; the model's own end, or a length, is not.
+    (comma,) = grpc_client.tokenize(",")
+    by_id = sdk.completions.create(**asked, extra_body={"stop_token_ids": [comma]})
+    assert by_id.choices[0].text == text[: text.index(",")]
+    assert by_id.choices[0].model_extra["stop_reason"] == comma  # type: ignore[index]
+    assert full.choices[0].model_extra["stop_reason"] is None  # type: ignore[index]
 
 
 def test_errors_surface_as_the_sdks_exceptions(sdk: openai.OpenAI) -> None:

@@ -19,10 +19,11 @@ def answered(
     whole: Answer,
     texts: list[str],
     cached: int = 0,
+    stop_string: str = "",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The events `streamed` makes of the chat chunks of a reply of these texts (the last one
-    ending it), and what `whole` makes of the whole completion; the prompt is 3 tokens, `cached`
-    of them found in the prefix cache."""
+    ending it, by `stop_string` where given), and what `whole` makes of the whole completion;
+    the prompt is 3 tokens, `cached` of them found in the prefix cache."""
     whole_out, stream_out = Output(tokenizer, "id", "m", plan), Output(tokenizer, "id", "m", plan)
     prompt = pb.GenerateResponse(prompt_token_ids=[1, 2, 3])
     whole_out.on_prompts([prompt])
@@ -37,6 +38,8 @@ def answered(
         if last:
             msg.usage.completion_tokens = made
             msg.usage.cached_prompt_tokens = cached
+            if stop_string:
+                msg.stop_string = stop_string
         whole_out.add(0, msg)
         for chunk in stream_out.chunks(0, msg):
             events += streamed.events(chunk)

@@ -192,13 +192,19 @@ def test_the_chats_errors_name_the_messages_fields() -> None:
 
 
 def answered(
-    tokenizer: Tokenizer, body: MessagesRequest, texts: list[str], reasons: bool = False
+    tokenizer: Tokenizer,
+    body: MessagesRequest,
+    texts: list[str],
+    reasons: bool = False,
+    stop_string: str = "",
 ) -> tuple[list[dict[str, Any]], dict[str, Any], Message]:
     """The streamed events, the whole message of a reply of these texts, and the message the
     SDK assembles from the events."""
     plan = chat_plan(chat_form(body).chat, "r", "m", LLAMA_JSON, reasons)
     streamed, whole = MessageAnswer("r", "m"), MessageAnswer("r", "m")
-    events, message = shared_answered(tokenizer, plan, streamed, whole, texts, cached=2)
+    events, message = shared_answered(
+        tokenizer, plan, streamed, whole, texts, cached=2, stop_string=stop_string
+    )
     snapshot = None
     json_bufs: dict[int, bytes] = {}
     for event in events:
@@ -254,6 +260,20 @@ def test_calls_stream_as_tool_use_blocks(tokenizer: Tokenizer) -> None:
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
     got = assembled.content[0].model_dump(exclude_none=True)
     assert got == {**use, "id": got["id"]}  # (each Output names its calls anew)
+
+
+def test_a_stop_sequence_that_ended_the_reply_is_named(tokenizer: Tokenizer) -> None:
+    body = request(stream=True, stop_sequences=["\n\n", "END"])
+    events, whole, assembled = answered(tokenizer, body, ["It is", " 4."], stop_string="END")
+    assert whole["stop_reason"] == "stop_sequence" and whole["stop_sequence"] == "END"
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    assert assembled.stop_reason == "stop_sequence" and assembled.stop_sequence == "END"
+    assert events[0]["message"]["stop_sequence"] is None  # not known when it starts
+    # A reply of calls stops for its calls, whatever ended their text.
+    tools = request(stream=True, tools=[WEATHER], tool_choice={"type": "any"})
+    call = ['[{"name": "weather", "parameters": {"c": 1}}]']
+    _, called, _ = answered(tokenizer, tools, call, stop_string="END")
+    assert called["stop_reason"] == "tool_use" and called["stop_sequence"] is None
 
 
 def test_a_reply_cut_short_stops_at_max_tokens() -> None:

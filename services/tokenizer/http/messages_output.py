@@ -23,9 +23,16 @@ class MessageAnswer:
         self.open: str | None = None  # the kind of the text or thinking block streaming
         self.said = self.called = False  # text, tool calls sent
         self.finish: str | None = None
+        self.stopped_by: dict[str, Any] = {}  # the finishing choice
         self.usage: dict[str, Any] = {}  # the chat's, the latest chunk's
 
-    def message(self, content: list[Event], stop: str | None, usage: dict[str, Any]) -> Event:
+    def message(
+        self,
+        content: list[Event],
+        stop: str | None,
+        usage: dict[str, Any],
+        sequence: str | None = None,
+    ) -> Event:
         return {
             "id": self.id,
             "type": "message",
@@ -33,8 +40,7 @@ class MessageAnswer:
             "model": self.model,
             "content": content,
             "stop_reason": stop,
-            # Which stop sequence ended a reply is not told apart from its end of turn.
-            "stop_sequence": None,
+            "stop_sequence": sequence,
             "usage": _usage(usage),
         }
 
@@ -50,8 +56,9 @@ class MessageAnswer:
         if message.get("content") or not calls:
             content.append({"type": "text", "text": message.get("content") or ""})
         content += [_tool_use(call) for call in calls]
-        stop = _stop_reason(choice["finish_reason"], bool(calls))
-        return self.message(content, stop, completion["usage"])
+        sequence = _stop_sequence(choice, bool(calls))
+        stop = _stop_reason(choice["finish_reason"], bool(calls), sequence)
+        return self.message(content, stop, completion["usage"], sequence)
 
     # Streamed.
 
@@ -82,6 +89,7 @@ class MessageAnswer:
                 out.append(self._stop())
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
+                self.stopped_by = choice
         return out
 
     def end(self) -> list[Event]:
@@ -89,12 +97,13 @@ class MessageAnswer:
         out = self._close()
         if not self.said and not self.called:  # an empty text, as the whole message has
             out += [self._start({"type": "text", "text": ""}), self._stop()]
-        stop = _stop_reason(self.finish or "stop", self.called)
+        sequence = _stop_sequence(self.stopped_by, self.called)
+        stop = _stop_reason(self.finish or "stop", self.called, sequence)
         return [
             *out,
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "delta": {"stop_reason": stop, "stop_sequence": sequence},
                 "usage": _usage(self.usage),
             },
             {"type": "message_stop"},
@@ -135,11 +144,19 @@ def _tool_use(call: dict[str, Any]) -> Event:
     return {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
 
 
-def _stop_reason(finish: str, called: bool) -> str:
+def _stop_sequence(choice: dict[str, Any], called: bool) -> str | None:
+    """Which of stop_sequences ended a reply of text (a stop token id is not one)."""
+    reason = choice.get("stop_reason")
+    return reason if isinstance(reason, str) and not called else None
+
+
+def _stop_reason(finish: str, called: bool, sequence: str | None) -> str:
     """A reply of tool calls stops for tool_use, whatever its finish (a call that tool_choice
     named finishes with "stop", as OpenAI's does)."""
     if called:
         return "tool_use"
+    if sequence is not None:
+        return "stop_sequence"
     return "max_tokens" if finish == "length" else "end_turn"
 
 

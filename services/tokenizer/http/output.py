@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.tokenizer import Tokenizer
+from services.client_types import stopped_by
 from services.tokenizer.http.convert import Plan
 from services.tokenizer.http.reasoning import OPEN as THINK
 from services.tokenizer.http.reasoning import ReasoningSplit
@@ -29,6 +30,7 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the request's own stop that ended it (vLLM's)
     started: bool = False
     held: bool = False  # its text is tool calls, sent whole at the end
     decided: bool = False  # (tool_choice "auto") whether its text is calls is known
@@ -69,6 +71,7 @@ class Output:
         self.generated += len(msg.token_ids)
         if not msg.finish_reason:
             return
+        self.choices[index].stop_reason = stopped_by(msg)
         self.completion_tokens += msg.usage.completion_tokens
         if index % self.plan.n == 0:  # once per prompt
             self.cached_tokens += msg.usage.cached_prompt_tokens
@@ -134,7 +137,10 @@ class Output:
             return out + self._chat_chunks(index, choice, msg.text, finish, msg.logprobs)
         logprobs = self._logprobs(msg.logprobs, choice.offset)
         choice.offset += len(msg.text)
-        out.append(self._chunk([_text_chunk(index, msg.text, logprobs, finish)]))
+        body = _text_chunk(index, msg.text, logprobs, finish)
+        if finish:
+            body["stop_reason"] = choice.stop_reason
+        out.append(self._chunk([body]))
         return out
 
     def _chat_chunks(
@@ -176,6 +182,8 @@ class Output:
                     body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(listed)]
         body["logprobs"] = self._logprobs(tokens)
         body["finish_reason"] = finish
+        if finish:
+            body["stop_reason"] = choice.stop_reason
         out.append(self._chunk([body]))
         return out
 
@@ -212,7 +220,13 @@ class Output:
                 logprobs = _joined(prompt_logprobs, logprobs)
             else:
                 content = {"text": text}
-            choice = {"index": i, **content, "logprobs": logprobs, "finish_reason": finish}
+            choice = {
+                "index": i,
+                **content,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+                "stop_reason": c.stop_reason,
+            }
             if self.plan.prompt_logprobs is not None and not self.chat:
                 choice["prompt_logprobs"] = self._vllm_prompt_logprobs(i // self.plan.n)
             choices.append(choice)

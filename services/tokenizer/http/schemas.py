@@ -225,6 +225,8 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None
     finish_reason: str
+    # vLLM's: the request's stop string or stop token id that ended the choice, else None.
+    stop_reason: str | int | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -259,6 +261,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str
+    stop_reason: str | int | None = None  # as a chat choice's
     prompt_logprobs: PromptLogprobs | None = None  # where asked for
 
 
