@@ -82,6 +82,8 @@ class GenerateOptions(TypedDict, total=False):
     # many alternatives (GenerationResult.prompt_logprobs); None: not scored.
     prompt_logprobs: int | None
     skip_special_tokens: bool | None  # False keeps special tokens' text; None: the default, True
+    include_stop_str_in_output: bool  # the stop string that ended a sequence stays in its text
+    truncate_prompt_tokens: int  # run only the prompt's last this many tokens; -1: what fits
     model: str
     request_id: str
     # Call options: seconds until the gRPC deadline, and extra metadata (e.g. a traceparent).

@@ -23,6 +23,7 @@ from services.protocol import sampling_to_pb
 from services.tokenizer.grammars import Grammars
 from services.tokenizer.request import (
     DEFAULT_MAX_TOKENS,
+    TRUNCATE_HINT,
     ChatRendering,
     GenerateSpec,
     parse_generate,
@@ -266,9 +267,15 @@ class Admission:
         )
         if not ids:
             raise InvalidRequest("prompt", "tokenizes to nothing")
+        if (keep := spec.keep_prompt_tokens) is not None and len(ids) > keep:
+            # The beginning-of-sequence token stays first, as a tokenizer that truncates keeps it.
+            bos = self.tokenizer.bos_token_id
+            ids = [bos, *ids[len(ids) - keep + 1 :]] if ids[0] == bos and keep > 1 else ids[-keep:]
         if len(ids) >= self.max_seq_len:
             raise InvalidRequest(
-                "prompt", f"{len(ids)} tokens do not fit the model's context of {self.max_seq_len}"
+                "prompt",
+                f"{len(ids)} tokens do not fit the model's context of {self.max_seq_len}"
+                f"{TRUNCATE_HINT}",
             )
         return ids
 

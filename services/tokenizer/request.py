@@ -50,10 +50,29 @@ class GenerateSpec:
     session_id: str | None
     split_special_tokens: bool = False
     skip_special_tokens: bool = True  # special tokens the model writes leave no text
+    include_stop_str: bool = False  # the stop string that ended the text stays in it
+    keep_prompt_tokens: int | None = None  # the prompt cut to its last this many; None: whole
     n: int = 1  # sequences from the prompt, each its own scheduler request
     output_format: OutputFormat | None = None  # None: free text
     tools: list[Any] | None = None  # for the chat template (OpenAI's form)
     rendering: ChatRendering = field(default_factory=ChatRendering)
+
+
+TRUNCATE_HINT = " (truncate_prompt_tokens keeps only its last ones)"
+
+
+def _kept_prompt_tokens(asked: int, max_seq_len: int) -> int | None:
+    """How many of the prompt's last tokens truncate_prompt_tokens keeps; None: all."""
+    if asked == 0:
+        return None
+    if asked == -1:
+        return max_seq_len - 1  # the most that leaves a token to generate
+    if not 1 <= asked < max_seq_len:
+        raise InvalidRequest(
+            "truncate_prompt_tokens",
+            f"must be -1 or in [1, {max_seq_len - 1}] (the context is {max_seq_len}), got {asked}",
+        )
+    return asked
 
 
 def check_model(name: str, model_name: str) -> None:
@@ -121,15 +140,18 @@ def parse_generate(
         messages = chat_messages(req.chat, max_chars)
         tools = chat_tools(req.chat, max_chars)
         rendering = chat_rendering(req.chat, max_chars)
-    else:
+    keep = _kept_prompt_tokens(req.truncate_prompt_tokens, max_seq_len)
+    if kind == "token_ids":
         prompt_ids = list(req.token_ids.ids)
         if not prompt_ids:
             raise InvalidRequest("prompt.token_ids", "is empty")
         _check_ids("prompt.token_ids", prompt_ids, vocab_size)
+        if keep is not None:
+            prompt_ids = prompt_ids[-keep:]
         if len(prompt_ids) >= max_seq_len:
             raise InvalidRequest(
                 "prompt.token_ids",
-                f"{len(prompt_ids)} tokens do not fit the context of {max_seq_len}",
+                f"{len(prompt_ids)} tokens do not fit the context of {max_seq_len}{TRUNCATE_HINT}",
             )
     max_tokens = req.max_tokens if req.HasField("max_tokens") else None
     if max_tokens is not None:
@@ -176,6 +198,8 @@ def parse_generate(
         session_id=req.session_id or None,
         split_special_tokens=req.split_special_tokens,
         skip_special_tokens=not req.HasField("skip_special_tokens") or req.skip_special_tokens,
+        include_stop_str=req.include_stop_str_in_output,
+        keep_prompt_tokens=keep,
         n=req.n or 1,
         output_format=_output_format(req),
         tools=tools,

@@ -31,6 +31,7 @@ class TextStream:
         self.prompt = None if scored_prompt is None else PromptLogprobs(scored_prompt)
         self.detok = Detokenizer(tokenizer, skip_special=spec.skip_special_tokens)
         self.stops = StopStringMatcher(spec.stop_strings)
+        self.include_stop = spec.include_stop_str
         self.stop_token_ids = stop_ids
         self.own_stop_ids = spec.stop_token_ids  # the request's, beside the model's own
         self.logprobs = spec.sampling.logprobs
@@ -67,6 +68,8 @@ class TextStream:
             reply.finish_reason = "stop"
             assert self.stops.matched is not None
             reply.stop_string = self.stops.matched
+            if self.include_stop:
+                text.append(self.stops.matched)
         elif events.finish_reason in ("stop", "length"):
             text.append(self.stops.feed(self.detok.flush()) + self.stops.flush())
             reply.finish_reason = events.finish_reason

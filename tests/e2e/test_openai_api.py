@@ -153,6 +153,68 @@ def test_logprobs_in_chat_and_completions(sdk: openai.OpenAI) -> None:
     assert all(len(top) == 2 for top in lp.top_logprobs or [])
 
 
+def test_tokens_named_by_their_ids_are_the_tokens_generated(
+    sdk: openai.OpenAI, grpc_client: Client
+) -> None:
+    """vLLM's return_tokens_as_token_ids: each token in logprobs is "token_id:<id>", the ids
+    those whose text is the reply's; the offsets stay the text's."""
+    asked: dict[str, Any] = dict(model="", max_tokens=6, temperature=0)
+    named = {"return_tokens_as_token_ids": True}
+    completion = sdk.completions.create(**asked, prompt=PROMPT, logprobs=2, extra_body=named)
+    lp = completion.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.text_offset is not None
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert [f"token_id:{i}" for i in ids] == lp.tokens
+    assert grpc_client.detokenize(ids) == completion.choices[0].text
+    texts = [grpc_client.detokenize([i]) for i in ids]
+    assert lp.text_offset == [sum(map(len, texts[:k])) for k in range(len(texts))]
+    assert all(re.fullmatch(r"token_id:\d+", k) for top in lp.top_logprobs or [] for k in top)
+    reply = sdk.chat.completions.create(
+        **asked, messages=CHAT, logprobs=True, top_logprobs=2, extra_body=named
+    )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None
+    chat_ids = [int(t.token.removeprefix("token_id:")) for t in content]
+    assert grpc_client.detokenize(chat_ids) == reply.choices[0].message.content
+    assert (
+        bytes(b for t in content for b in t.bytes or []).decode()
+        == reply.choices[0].message.content
+    )
+
+
+def test_a_truncated_prompt_is_its_last_tokens(sdk: openai.OpenAI, grpc_client: Client) -> None:
+    """vLLM's truncate_prompt_tokens: the completion is that of the prompt's last tokens, and
+    counts them; without it a prompt too long for the context is refused naming the way out."""
+    ids = grpc_client.tokenize(PROMPT)
+    asked: dict[str, Any] = dict(model="", max_tokens=5, temperature=0)
+    cut = sdk.completions.create(**asked, prompt=PROMPT, extra_body={"truncate_prompt_tokens": 3})
+    of_ids = sdk.completions.create(**asked, prompt=ids[-3:])
+    assert cut.choices[0].text == of_ids.choices[0].text
+    assert cut.usage is not None and cut.usage.prompt_tokens == 3
+    echoed = sdk.completions.create(
+        **{**asked, "max_tokens": 1},
+        prompt=PROMPT,
+        echo=True,
+        extra_body={"truncate_prompt_tokens": 3},
+    )
+    assert echoed.choices[0].text.startswith(grpc_client.detokenize(ids[-3:]))  # what was run
+    chat = sdk.chat.completions.create(
+        **asked, messages=CHAT, extra_body={"truncate_prompt_tokens": 4}
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == 4
+    too_long = "colour " * 9000
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(**asked, prompt=too_long)
+    assert "truncate_prompt_tokens" in refused.value.body["message"]  # type: ignore[index]
+    fitted = sdk.completions.create(
+        **{**asked, "max_tokens": 1}, prompt=too_long, extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert fitted.usage is not None and fitted.usage.completion_tokens == 1
+    with pytest.raises(openai.BadRequestError) as beyond:
+        sdk.completions.create(**asked, prompt=PROMPT, extra_body={"truncate_prompt_tokens": 10**6})
+    assert beyond.value.body["param"] == "truncate_prompt_tokens"  # type: ignore[index]
+
+
 def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(
     sdk: openai.OpenAI, default_gguf: Path
 ) -> None:
@@ -228,6 +290,10 @@ def test_stop_strings_end_the_text(sdk: openai.OpenAI, grpc_client: Client) -> N
     assert stopped.choices[0].text == text[: text.index(" 7,")]
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].model_extra["stop_reason"] == " 7,"  # type: ignore[index]
+    kept = sdk.completions.create(
+        **asked, stop=[" 9,", " 7,"], extra_body={"include_stop_str_in_output": True}
+    )
+    assert kept.choices[0].text == text[: text.index(" 7,") + 3]  # vLLM's option
     chunks = list(sdk.completions.create(**asked, stop=[" 9,", " 7,"], stream=True))
     assert "".join(c.choices[0].text for c in chunks) == stopped.choices[0].text
     assert chunks[-1].choices[0].model_extra["stop_reason"] == " 7,"  # type: ignore[index]

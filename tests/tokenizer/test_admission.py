@@ -208,3 +208,31 @@ async def test_a_chats_tools_reach_the_chat_template(
     chat.tools = '{"not": "a list"}'
     with pytest.raises(InvalidRequest, match=r"prompt\.chat\.tools: must be a JSON list"):
         await servicer.Tokenize(pb.TokenizeRequest(chat=chat), None)  # type: ignore[arg-type]
+
+
+async def test_a_truncated_prompt_runs_its_last_tokens_after_its_bos(
+    llama3: Tokenizer, arena: Arena
+) -> None:
+    """truncate_prompt_tokens: the prompt's last tokens, the beginning of sequence kept first (as
+    a tokenizer that truncates keeps it); -1 fits the context; without it, too long is refused
+    with the way out named."""
+    admission, _ = admission_for(llama3, HeldScheduler(), arena)
+
+    async def run(text: str, keep: int) -> list[int]:
+        request = pb.GenerateRequest(text=text, truncate_prompt_tokens=keep)
+        spec = parse_generate(request, MODEL, llama3.vocab_size, admission.max_seq_len)
+        return await admission._tokenize(spec)
+
+    text = "one two three four five six seven eight"
+    ids = llama3.encode_prompt(text, allow_special=True)
+    bos = ids[0]
+    assert bos == llama3.bos_token_id and len(ids) == 9
+    assert await run(text, 4) == [bos, *ids[-3:]]
+    assert await run(text, 1) == ids[-1:]
+    assert await run(text, 100) == await run(text, 0) == ids
+    long = "lorem ipsum dolor sit amet " * 500
+    fitted = await run(long, -1)
+    assert len(fitted) == admission.max_seq_len - 1 and fitted[0] == bos
+    assert fitted[1:] == llama3.encode_prompt(long, allow_special=True)[-len(fitted) + 1 :]
+    with pytest.raises(InvalidRequest, match=r"do not fit .*truncate_prompt_tokens"):
+        await run(long, 0)

@@ -134,6 +134,29 @@ def test_a_field_past_its_bound_is_named_with_its_size(
     assert failed.value.field == field and str(failed.value) == f"{field}: {message}"
 
 
+@pytest.mark.parametrize("keep", [-2, 64, 2**31 - 1])
+def test_truncate_prompt_tokens_is_held_to_the_context(keep: int) -> None:
+    from services.tokenizer.request import parse_generate
+
+    request = pb.GenerateRequest(text="hi", truncate_prompt_tokens=keep)
+    with pytest.raises(InvalidRequest) as failed:
+        parse_generate(request, "m", 2000, 64)
+    assert str(failed.value) == (
+        f"truncate_prompt_tokens: must be -1 or in [1, 63] (the context is 64), got {keep}"
+    )
+
+
+def test_a_prompt_of_ids_is_truncated_to_its_last_ones() -> None:
+    from services.tokenizer.request import parse_generate
+
+    ids = list(range(1, 101))
+    for keep, want in ((5, ids[-5:]), (-1, ids[-63:])):
+        request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), truncate_prompt_tokens=keep)
+        assert parse_generate(request, "m", 2000, 64).prompt_ids == want
+    with pytest.raises(InvalidRequest, match=r"100 tokens do not fit .*truncate_prompt_tokens"):
+        parse_generate(pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids)), "m", 2000, 64)
+
+
 def test_api_keys() -> None:
     keys = ApiKeys(["k1", "k2"])
     assert keys.required and keys.allows("Bearer k1") and keys.allows("bearer k2")

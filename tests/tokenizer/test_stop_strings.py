@@ -65,5 +65,7 @@ def test_the_last_message_names_the_requests_own_stop(tokenizer: Tokenizer) -> N
     assert ended(tokenizer, [*words, eos]) == ("one two three", None)  # the model's own end
     assert ended(tokenizer, [*words, eos], stop=["two", "one t"]) == ("", "one t")
     assert ended(tokenizer, [*words, eos], stop=[" three"]) == ("one two", " three")
+    kept = ended(tokenizer, [*words, eos], stop=["two t"], include_stop_str_in_output=True)
+    assert kept == ("one two t", "two t")  # the text to the stop's end (vLLM's option)
     comma = tokenizer.encode(",", allow_special=False)
     assert ended(tokenizer, [*words, *comma], stop_token_ids=comma) == ("one two three", comma[0])

@@ -51,6 +51,7 @@ class Plan:
     prompt_logprobs: int | None = None  # vLLM's: the prompt's scores, with these alternatives
     chat_echo: str = ""  # chat's echo: the last (assistant) message, first in the reply
     reasoning: bool = False  # chat: the reply's reasoning apart from its content (reasoning.py)
+    token_ids_as_text: bool = False  # logprobs name each token "token_id:<id>" (vLLM's)
 
 
 def chat_plan(
@@ -246,6 +247,7 @@ def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) 
         top_logprobs=top,
         chat=isinstance(body, ChatCompletionRequest),
         format_param=_json_param(body),
+        token_ids_as_text=bool(body.return_tokens_as_token_ids),
     )
 
 
@@ -288,6 +290,8 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
     )
     if body.skip_special_tokens is not None:
         request.skip_special_tokens = body.skip_special_tokens
+    request.include_stop_str_in_output = bool(body.include_stop_str_in_output)
+    request.truncate_prompt_tokens = body.truncate_prompt_tokens or 0
     s = request.sampling
     if body.top_k is not None:
         s.top_k = max(body.top_k, 0)  # vLLM's -1 is our 0: off

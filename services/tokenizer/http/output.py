@@ -240,7 +240,8 @@ class Output:
         its first token has none, and the others' the scores its first sequence brought."""
         request = self.plan.requests[prompt]
         ids = self.prompt_ids[prompt]
-        given = request.WhichOneof("prompt") == "text"
+        # (a truncated prompt is what was run: its ids')
+        given = request.WhichOneof("prompt") == "text" and not request.truncate_prompt_tokens
         text = request.text if given else self.tokenizer.decode(ids)
         top = self.plan.top_logprobs
         if top is None:
@@ -248,12 +249,12 @@ class Output:
         scores = self.prompt_scores.get(prompt, [])
         texts = [self._text(t) for t in ids]
         return text, {
-            "tokens": texts,
+            "tokens": [self._name(t) for t in ids],
             "token_logprobs": [None, *(e.logprob for e in scores)],
             "top_logprobs": [
                 None,
                 *(
-                    {self._text(a.token_id): a.logprob for a in e.top_logprobs[:top]}
+                    {self._name(a.token_id): a.logprob for a in e.top_logprobs[:top]}
                     for e in scores
                 ),
             ],
@@ -317,10 +318,14 @@ class Output:
     def _text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
+    def _name(self, token_id: int) -> str:
+        """How logprobs name a token: its text, or "token_id:<id>" where asked (its text may
+        be a piece of a character, or the same as another token's)."""
+        return f"token_id:{token_id}" if self.plan.token_ids_as_text else self._text(token_id)
+
     def _chat_token(self, token: pb.GeneratedToken | pb.TokenLogprob) -> dict[str, Any]:
-        raw = self.tokenizer.token_bytes(token.token_id)
-        text = raw.decode("utf-8", errors="replace")
-        return {"token": text, "logprob": token.logprob, "bytes": list(raw)}
+        raw = self.tokenizer.token_bytes(token.token_id)  # its own bytes, however it is named
+        return {"token": self._name(token.token_id), "logprob": token.logprob, "bytes": list(raw)}
 
     def _logprobs(self, tokens: Any, offset: int = 0) -> dict[str, Any] | None:
         """offset: (completions) where the tokens' text begins in the choice's."""
@@ -333,12 +338,12 @@ class Output:
                 alternatives = [self._chat_token(a) for a in t.top_logprobs[:top]]
                 content.append({**self._chat_token(t), "top_logprobs": alternatives})
             return {"content": content}
-        texts = [self._text(t.token_id) for t in tokens]
+        texts = [self._text(t.token_id) for t in tokens]  # (where they begin: by their text)
         return {
-            "tokens": texts,
+            "tokens": [self._name(t.token_id) for t in tokens],
             "token_logprobs": [t.logprob for t in tokens],
             "top_logprobs": [
-                {self._text(a.token_id): a.logprob for a in t.top_logprobs[:top]} for t in tokens
+                {self._name(a.token_id): a.logprob for a in t.top_logprobs[:top]} for t in tokens
             ],
             "text_offset": _offsets(texts, offset),
         }

@@ -129,6 +129,12 @@ class _Sampling(_Request):
     # vLLM's: score the prompt, each token with its rank and this many alternatives; answered
     # whole (not streamed) in `prompt_logprobs`.
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # vLLM's: the stop string that ended a choice stays at the end of its text.
+    include_stop_str_in_output: bool | None = None
+    # vLLM's: only the prompt's last this many tokens are run; -1: as many as fit.
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
+    # vLLM's: each token in logprobs is "token_id:<id>" (what its text cannot always tell).
+    return_tokens_as_token_ids: bool | None = None
 
 
 class _Rendering(_Request):
