@@ -158,8 +158,11 @@ class Sampler:
         positions: Sequence[int],
         prompt_lens: Sequence[int] | None,
     ) -> torch.Tensor:
-        """logit_bias added, and stop tokens masked while a row has fewer than min_tokens."""
-        rows = [i for i, p in enumerate(params) if p.logit_bias or p.min_tokens]
+        """logit_bias added, tokens other than allowed_token_ids masked, and stop tokens masked
+        while a row has fewer than min_tokens."""
+        rows = [
+            i for i, p in enumerate(params) if p.logit_bias or p.allowed_token_ids or p.min_tokens
+        ]
         if not rows:
             return logits
         if logits is raw:
@@ -173,6 +176,15 @@ class Sampler:
                     raise InvalidRequest("logit_bias", f"ids must be below the vocabulary {vocab}")
                 bias = to_device(np.array([b for _, b in p.logit_bias], np.float32), device)
                 logits[i].index_add_(0, to_device(ids, device), bias.to(logits.dtype))
+            if p.allowed_token_ids:
+                if max(p.allowed_token_ids) >= vocab:
+                    raise InvalidRequest(
+                        "allowed_token_ids", f"ids must be below the vocabulary {vocab}"
+                    )
+                keep = to_device(list(p.allowed_token_ids), device)
+                kept = logits[i].index_select(0, keep)
+                logits[i].fill_(float("-inf"))
+                logits[i].index_copy_(0, keep, kept)
             produced = positions[i] - (prompt_lens[i] if prompt_lens is not None else 0)
             if produced < p.min_tokens:
                 stops = [t for t in p.stop_token_ids if 0 <= t < vocab]

@@ -10,6 +10,7 @@ from engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
+MAX_ALLOWED_TOKEN_IDS = 1024  # they travel in the step that starts the sequence, as a grammar
 LOGIT_BIAS_RANGE = 100.0  # OpenAI's: a bias is in [-100, 100]
 # A grammar travels with its request through the scheduler to the worker, in the step that
 # starts the sequence: a step starting max_num_seqs sequences must stay well inside a ring record.
@@ -39,6 +40,8 @@ class SamplingParams:
     # Score the prompt too: each prompt token's logprob and rank given the tokens before it,
     # with this many top alternatives (vLLM's prompt_logprobs). None: the prompt is not scored.
     prompt_logprobs: int | None = None
+    # Only these ids may be sampled (vLLM's allowed_token_ids); empty: any.
+    allowed_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         checks = (
@@ -65,11 +68,29 @@ class SamplingParams:
             ),
             # Once a form is complete only an end token may follow, which min_tokens would mask.
             ("min_tokens", not (self.grammar and self.min_tokens), "0 with an output format"),
+            (
+                "allowed_token_ids",
+                len(self.allowed_token_ids) <= MAX_ALLOWED_TOKEN_IDS,
+                f"at most {MAX_ALLOWED_TOKEN_IDS} ids",
+            ),
+            # A form's own mask could leave a row nothing to take.
+            (
+                "allowed_token_ids",
+                not (self.grammar and self.allowed_token_ids),
+                "empty with an output format",
+            ),
+            # Nor may min_tokens hold back every one of them.
+            (
+                "allowed_token_ids",
+                not (self.min_tokens and set(self.allowed_token_ids) <= set(self.stop_token_ids))
+                or not self.allowed_token_ids,
+                "more than ids that end the sequence, which min_tokens holds back",
+            ),
         )
         for field, ok, rule in checks:
             if not ok:
                 value = getattr(self, field)
-                sized = field in ("logit_bias", "grammar")
+                sized = field in ("logit_bias", "grammar", "allowed_token_ids")
                 got = f"{len(value)}" if sized else repr(value)  # not the map or the text
                 raise InvalidRequest(field, f"must be {rule}, got {got}")
         for token_id, bias in self.logit_bias:
@@ -101,6 +122,7 @@ class SamplingParams:
         return (
             self.uses_penalties
             or bool(self.logit_bias)
+            or bool(self.allowed_token_ids)
             or self.min_tokens > 0
             or bool(self.grammar)
         )

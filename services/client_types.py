@@ -67,6 +67,7 @@ class GenerateOptions(TypedDict, total=False):
     max_tokens: int | None  # None: up to 256, within the context
     min_tokens: int  # no stop token or stop string ends a sequence before this many tokens
     logit_bias: Mapping[int, float]  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: Sequence[int]  # only these may be sampled (an end of sequence too)
     # What the output is held to, as the request's OutputFormat or a dict of it:
     # {"json_schema": json.dumps(schema)}, {"json_object": True}, {"regex": "[0-9]+"} or
     # {"choice": {"choices": ["yes", "no"]}} or {"grammar": lark_or_gbnf_text}.

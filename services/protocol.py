@@ -219,6 +219,7 @@ _SCALARS = set(hp.Sampling.DESCRIPTOR.fields_by_name) - {
     "logit_bias",
     "stop_token_ids",
     "prompt_logprobs",
+    "allowed_token_ids",
 }
 
 
@@ -227,6 +228,7 @@ def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
         **{name: getattr(params, name) for name in _SCALARS},
         logit_bias=dict(params.logit_bias),
         stop_token_ids=params.stop_token_ids if params.min_tokens else (),
+        allowed_token_ids=params.allowed_token_ids,
     )
     if params.seed is not None:
         msg.seed = params.seed
@@ -245,4 +247,5 @@ def sampling_from_pb(msg: hp.Sampling) -> SamplingParams:
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         stop_token_ids=tuple(msg.stop_token_ids),
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        allowed_token_ids=tuple(msg.allowed_token_ids),
     )

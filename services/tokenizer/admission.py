@@ -109,6 +109,12 @@ class Admission:
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
         )
         if sampling.min_tokens:
+            allowed = set(sampling.allowed_token_ids)
+            if allowed and allowed <= stop_ids:  # min_tokens would leave nothing to take
+                raise InvalidRequest(
+                    "sampling.allowed_token_ids",
+                    "are all ids that end the sequence, which min_tokens holds back",
+                )
             sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop_ids)))
         queue: asyncio.Queue[hp.RequestEvents] = asyncio.Queue()
         # The first sequence scores the prompt for all (the others then share its blocks).

@@ -89,6 +89,7 @@ def _check_ids(field: str, ids: Iterable[int], vocab_size: int) -> None:
 def _sampling(req: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
     s = req.sampling
     _check_ids("sampling.logit_bias", s.logit_bias, vocab_size)
+    _check_ids("sampling.allowed_token_ids", s.allowed_token_ids, vocab_size)
 
     def get(name: str, default: float) -> float:
         value = getattr(s, name) if s.HasField(name) else default
@@ -110,6 +111,7 @@ def _sampling(req: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
             logit_bias=tuple(sorted(s.logit_bias.items())),
             min_tokens=req.min_tokens,
             prompt_logprobs=req.prompt_logprobs if req.HasField("prompt_logprobs") else None,
+            allowed_token_ids=tuple(sorted(set(s.allowed_token_ids))),
         )
     except InvalidRequest as err:
         top_level = err.field in ("logprobs", "min_tokens", "prompt_logprobs")
@@ -258,6 +260,8 @@ def _output_format(req: pb.GenerateRequest) -> OutputFormat | None:
         raise InvalidRequest("ignore_eos", "cannot be used with an output_format")
     if req.min_tokens:
         raise InvalidRequest("min_tokens", "must be 0 with an output_format")
+    if req.sampling.allowed_token_ids:
+        raise InvalidRequest("sampling.allowed_token_ids", "must be empty with an output_format")
     field = f"output_format.{kind}"
     if kind == "json_object":
         return OutputFormat("json_object", field=field)

@@ -182,6 +182,27 @@ def test_tokens_named_by_their_ids_are_the_tokens_generated(
     )
 
 
+def test_only_allowed_tokens_are_generated(sdk: openai.OpenAI, grpc_client: Client) -> None:
+    """vLLM's allowed_token_ids: every token generated is one of them (an end of sequence only
+    where listed), sampled or greedy; with an output format it is refused by name."""
+    allowed = sorted({*grpc_client.tokenize(" red green blue"), *grpc_client.tokenize(",")})
+    for temperature in (0, 1):
+        completion = sdk.completions.create(
+            model="", prompt=PROMPT, max_tokens=8, temperature=temperature, seed=3, logprobs=0,
+            extra_body={"allowed_token_ids": allowed, "return_tokens_as_token_ids": True},
+        )  # fmt: skip
+        lp = completion.choices[0].logprobs
+        assert lp is not None and lp.tokens is not None
+        assert {int(t.removeprefix("token_id:")) for t in lp.tokens} <= set(allowed)
+        assert completion.choices[0].finish_reason == "length"  # no end of sequence listed
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model="", messages=CHAT, max_tokens=4, response_format={"type": "json_object"},
+            extra_body={"allowed_token_ids": allowed},
+        )  # fmt: skip
+    assert refused.value.body["param"] == "allowed_token_ids"  # type: ignore[index]
+
+
 def test_a_truncated_prompt_is_its_last_tokens(sdk: openai.OpenAI, grpc_client: Client) -> None:
     """vLLM's truncate_prompt_tokens: the completion is that of the prompt's last tokens, and
     counts them; without it a prompt too long for the context is refused naming the way out."""

@@ -1,4 +1,5 @@
-"""logit_bias and min_tokens in the sampler, and through the engine on the default model."""
+"""logit_bias, allowed_token_ids and min_tokens in the sampler, and through the engine on the
+default model."""
 
 from __future__ import annotations
 
@@ -47,6 +48,40 @@ def test_min_tokens_holds_back_stop_tokens_until_reached() -> None:
     # Prompt of 10: positions 10 and 11 are the first two outputs, 12 the third.
     picks = [Sampler()(logits, [p], [pos], [None], [10]).token_ids.item() for pos in (10, 11, 12)]
     assert picks == [1, 1, 0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_only_allowed_tokens_are_sampled_at_their_own_odds(temperature: float) -> None:
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).repeat(200, 1)
+    allowed = (3, 17, 40)
+    params = [
+        SamplingParams(temperature=temperature, seed=i, allowed_token_ids=allowed)
+        for i in range(600)
+    ]
+    out = Sampler()(logits, params, [0] * 600, [None] * 600)
+    picks = out.token_ids.tolist()
+    assert set(picks) <= set(allowed)
+    if temperature == 0:  # the best of the allowed ones, not the best of all
+        best = [allowed[int(logits[i, list(allowed)].argmax())] for i in range(600)]
+        assert picks == best
+    else:  # each allowed one is drawn
+        assert set(picks) == set(allowed)
+    # The logprobs reported stay the model's own, as logit_bias leaves them.
+    own = torch.log_softmax(logits, -1).gather(1, out.token_ids[:, None].long())[:, 0]
+    assert torch.allclose(out.logprobs, own, atol=1e-5)
+
+
+def test_allowed_token_ids_are_checked_by_name() -> None:
+    with pytest.raises(
+        InvalidRequest, match="allowed_token_ids: must be at most 1024 ids, got 1025"
+    ):
+        SamplingParams(allowed_token_ids=tuple(range(1025)))
+    with pytest.raises(InvalidRequest, match="allowed_token_ids: must be empty with an output"):
+        SamplingParams(allowed_token_ids=(1,), grammar="x")
+    with pytest.raises(InvalidRequest, match="allowed_token_ids: must be more than ids that end"):
+        SamplingParams(allowed_token_ids=(1,), min_tokens=2, stop_token_ids=(1, 2))
+    with pytest.raises(InvalidRequest, match="allowed_token_ids"):
+        Sampler()(torch.zeros(1, 4), [SamplingParams(allowed_token_ids=(4,))], [0], [None])
 
 
 def test_plain_greedy_is_untouched() -> None:

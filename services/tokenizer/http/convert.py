@@ -317,6 +317,8 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
         if not 0 <= token_id < 2**31:
             raise InvalidRequest("logit_bias", f"{token_id} is not a token id")
         s.logit_bias[token_id] = bias
+    if body.allowed_token_ids:
+        s.allowed_token_ids.extend(body.allowed_token_ids)
     stop = body.stop
     if stop is not None:
         request.stop.extend([stop] if isinstance(stop, str) else stop)

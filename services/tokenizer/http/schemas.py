@@ -115,6 +115,7 @@ class _Sampling(_Request):
     stop_token_ids: TokenIds | None = None
     n: Annotated[int, Field(ge=1, le=16)] | None = None  # sequences from each prompt
     logit_bias: dict[TokenIdText, Bias] | None = None  # token id (as a string) -> its bias
+    allowed_token_ids: TokenIds | None = None  # vLLM's: only these may be sampled
     min_tokens: Count | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens' text
