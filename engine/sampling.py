@@ -61,6 +61,18 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
     return (_shr(z, 40).float() + 0.5) / float(1 << 24)
 
 
+def completing(words: Sequence[Sequence[int]], history: tuple[list[int], int] | None) -> list[int]:
+    """The tokens that would complete one of `words` after the output so far: each word's last
+    token, where the output ends with the rest of it (a word of one token: always)."""
+    output = history[0][history[1] :] if history is not None else []
+    banned = set()
+    for word in words:
+        rest = len(word) - 1
+        if rest == 0 or (len(output) >= rest and output[len(output) - rest :] == list(word[:rest])):
+            banned.add(word[-1])
+    return sorted(banned)
+
+
 class Sampler:
     def __init__(self) -> None:
         self._rng = random.Random()
@@ -81,7 +93,7 @@ class Sampler:
         device = logits.device
         raw = logits
         logits = self._apply_penalties(logits, params, histories)
-        logits = self._apply_bias(logits, raw, params, positions, prompt_lens)
+        logits = self._apply_bias(logits, raw, params, positions, prompt_lens, histories)
         if allowed is not None:
             held, tokens = allowed
             if len(held) == logits.shape[0]:  # every row: no rows to pick out
@@ -157,11 +169,14 @@ class Sampler:
         params: Sequence[SamplingParams],
         positions: Sequence[int],
         prompt_lens: Sequence[int] | None,
+        histories: Sequence[tuple[list[int], int] | None],
     ) -> torch.Tensor:
-        """logit_bias added, tokens other than allowed_token_ids masked, and stop tokens masked
-        while a row has fewer than min_tokens."""
+        """logit_bias added; tokens other than allowed_token_ids, those that would complete a bad
+        word, and stop tokens while a row has fewer than min_tokens, masked."""
         rows = [
-            i for i, p in enumerate(params) if p.logit_bias or p.allowed_token_ids or p.min_tokens
+            i
+            for i, p in enumerate(params)
+            if p.logit_bias or p.allowed_token_ids or p.bad_words_ids or p.min_tokens
         ]
         if not rows:
             return logits
@@ -185,6 +200,10 @@ class Sampler:
                 kept = logits[i].index_select(0, keep)
                 logits[i].fill_(float("-inf"))
                 logits[i].index_copy_(0, keep, kept)
+            if p.bad_words_ids and (banned := completing(p.bad_words_ids, histories[i])):
+                if max(banned) >= vocab:
+                    raise InvalidRequest("bad_words", f"ids must be below the vocabulary {vocab}")
+                logits[i].index_fill_(0, to_device(banned, device), float("-inf"))
             produced = positions[i] - (prompt_lens[i] if prompt_lens is not None else 0)
             if produced < p.min_tokens:
                 stops = [t for t in p.stop_token_ids if 0 <= t < vocab]

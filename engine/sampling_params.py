@@ -11,6 +11,7 @@ from engine.errors import InvalidRequest
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 MAX_ALLOWED_TOKEN_IDS = 1024  # they travel in the step that starts the sequence, as a grammar
+MAX_BAD_WORDS_IDS = 1024  # the tokens of all of a request's bad words, for the same reason
 LOGIT_BIAS_RANGE = 100.0  # OpenAI's: a bias is in [-100, 100]
 # A grammar travels with its request through the scheduler to the worker, in the step that
 # starts the sequence: a step starting max_num_seqs sequences must stay well inside a ring record.
@@ -42,6 +43,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # Only these ids may be sampled (vLLM's allowed_token_ids); empty: any.
     allowed_token_ids: tuple[int, ...] = ()
+    # Token sequences the output may not complete (vLLM's bad_words, tokenized): a sequence's
+    # last token is masked where the output so far ends with the rest of it.
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         checks = (
@@ -86,11 +90,21 @@ class SamplingParams:
                 or not self.allowed_token_ids,
                 "more than ids that end the sequence, which min_tokens holds back",
             ),
+            (
+                "bad_words_ids",
+                sum(map(len, self.bad_words_ids)) <= MAX_BAD_WORDS_IDS and all(self.bad_words_ids),
+                f"non-empty sequences of at most {MAX_BAD_WORDS_IDS} ids in all",
+            ),
+            (
+                "bad_words_ids",
+                not (self.bad_words_ids and (self.grammar or self.allowed_token_ids)),
+                "empty with an output format or allowed_token_ids",
+            ),
         )
         for field, ok, rule in checks:
             if not ok:
                 value = getattr(self, field)
-                sized = field in ("logit_bias", "grammar", "allowed_token_ids")
+                sized = field in ("logit_bias", "grammar", "allowed_token_ids", "bad_words_ids")
                 got = f"{len(value)}" if sized else repr(value)  # not the map or the text
                 raise InvalidRequest(field, f"must be {rule}, got {got}")
         for token_id, bias in self.logit_bias:
@@ -114,7 +128,11 @@ class SamplingParams:
     def needs_history(self) -> bool:
         """Whether sampling reads the sequence's tokens so far (penalties count them, a grammar
         follows them), so the engine keeps them on the host."""
-        return self.uses_penalties or bool(self.grammar)
+        return (
+            self.uses_penalties
+            or bool(self.grammar)
+            or any(len(word) > 1 for word in self.bad_words_ids)
+        )
 
     @property
     def adjusts_logits(self) -> bool:
@@ -123,6 +141,7 @@ class SamplingParams:
             self.uses_penalties
             or bool(self.logit_bias)
             or bool(self.allowed_token_ids)
+            or bool(self.bad_words_ids)
             or self.min_tokens > 0
             or bool(self.grammar)
         )

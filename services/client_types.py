@@ -75,6 +75,7 @@ class GenerateOptions(TypedDict, total=False):
     n: int  # sequences from the prompt; each delta names its `index`
     stop: Sequence[str]
     stop_token_ids: Sequence[int]
+    bad_words: Sequence[str]  # words the output may not contain
     ignore_eos: bool
     priority: int
     session_id: str

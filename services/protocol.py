@@ -220,6 +220,7 @@ _SCALARS = set(hp.Sampling.DESCRIPTOR.fields_by_name) - {
     "stop_token_ids",
     "prompt_logprobs",
     "allowed_token_ids",
+    "bad_words",
 }
 
 
@@ -229,6 +230,7 @@ def sampling_to_pb(params: SamplingParams) -> hp.Sampling:
         logit_bias=dict(params.logit_bias),
         stop_token_ids=params.stop_token_ids if params.min_tokens else (),
         allowed_token_ids=params.allowed_token_ids,
+        bad_words=[hp.BadWord(ids=word) for word in params.bad_words_ids],
     )
     if params.seed is not None:
         msg.seed = params.seed
@@ -248,4 +250,5 @@ def sampling_from_pb(msg: hp.Sampling) -> SamplingParams:
         stop_token_ids=tuple(msg.stop_token_ids),
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         allowed_token_ids=tuple(msg.allowed_token_ids),
+        bad_words_ids=tuple(tuple(word.ids) for word in msg.bad_words),
     )

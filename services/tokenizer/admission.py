@@ -16,7 +16,7 @@ import numpy as np
 from grpc import aio
 
 from engine.errors import InvalidRequest
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_BAD_WORDS_IDS, SamplingParams
 from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
 from services.protocol import sampling_to_pb
@@ -108,6 +108,8 @@ class Admission:
         stop_ids = spec.stop_token_ids | (
             frozenset() if spec.ignore_eos else self.tokenizer.eos_token_ids
         )
+        if spec.bad_words:
+            sampling = dataclasses.replace(sampling, bad_words_ids=self._bad_words_ids(spec))
         if sampling.min_tokens:
             allowed = set(sampling.allowed_token_ids)
             if allowed and allowed <= stop_ids:  # min_tokens would leave nothing to take
@@ -284,6 +286,15 @@ class Admission:
                 f"{TRUNCATE_HINT}",
             )
         return ids
+
+    def _bad_words_ids(self, spec: GenerateSpec) -> tuple[tuple[int, ...], ...]:
+        """Each bad word's tokens at the start of a text and after a space (vLLM's two forms)."""
+        forms = {form for word in spec.bad_words for form in (word.lstrip(), f" {word.lstrip()}")}
+        encoded = {tuple(self.tokenizer.encode(form, allow_special=False)) for form in forms}
+        words = tuple(sorted(ids for ids in encoded if ids))
+        if sum(map(len, words)) > MAX_BAD_WORDS_IDS:
+            raise InvalidRequest("bad_words", f"more than {MAX_BAD_WORDS_IDS} tokens in all")
+        return words
 
     def _max_tokens(self, spec: GenerateSpec, prompt_len: int) -> int:
         room = self.max_seq_len - prompt_len

@@ -18,6 +18,7 @@ DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_STOP_TOKEN_IDS = 1024  # a request's set lives as long as it does, queued ones included
+MAX_BAD_WORDS = 32
 MAX_ID_LENGTH = 128  # request_id, session_id
 # A prompt's text can hardly carry fewer than this many characters per token; longer text
 # could never fit the context, so it is refused before the tokenizer spends time on it.
@@ -51,6 +52,7 @@ class GenerateSpec:
     split_special_tokens: bool = False
     skip_special_tokens: bool = True  # special tokens the model writes leave no text
     include_stop_str: bool = False  # the stop string that ended the text stays in it
+    bad_words: tuple[str, ...] = ()  # words the output may not contain (tokenized on admission)
     keep_prompt_tokens: int | None = None  # the prompt cut to its last this many; None: whole
     n: int = 1  # sequences from the prompt, each its own scheduler request
     output_format: OutputFormat | None = None  # None: free text
@@ -181,6 +183,14 @@ def parse_generate(
             f"{len(req.stop_token_ids)} ids given, at most {MAX_STOP_TOKEN_IDS}",
         )
     _check_ids("stop_token_ids", req.stop_token_ids, vocab_size)
+    if len(req.bad_words) > MAX_BAD_WORDS or any(len(w) > MAX_STOP_LENGTH for w in req.bad_words):
+        raise InvalidRequest(
+            "bad_words", f"at most {MAX_BAD_WORDS} words of {MAX_STOP_LENGTH} characters"
+        )
+    if any(not w.strip() for w in req.bad_words):
+        raise InvalidRequest("bad_words", "a word is empty")
+    if req.bad_words and req.sampling.allowed_token_ids:
+        raise InvalidRequest("bad_words", "not with allowed_token_ids: list only the tokens wanted")
     for name in ("request_id", "session_id"):
         if len(getattr(req, name)) > MAX_ID_LENGTH:
             raise InvalidRequest(
@@ -201,6 +211,7 @@ def parse_generate(
         split_special_tokens=req.split_special_tokens,
         skip_special_tokens=not req.HasField("skip_special_tokens") or req.skip_special_tokens,
         include_stop_str=req.include_stop_str_in_output,
+        bad_words=tuple(req.bad_words),
         keep_prompt_tokens=keep,
         n=req.n or 1,
         output_format=_output_format(req),
@@ -262,6 +273,8 @@ def _output_format(req: pb.GenerateRequest) -> OutputFormat | None:
         raise InvalidRequest("min_tokens", "must be 0 with an output_format")
     if req.sampling.allowed_token_ids:
         raise InvalidRequest("sampling.allowed_token_ids", "must be empty with an output_format")
+    if req.bad_words:
+        raise InvalidRequest("bad_words", "must be empty with an output_format")
     field = f"output_format.{kind}"
     if kind == "json_object":
         return OutputFormat("json_object", field=field)

@@ -203,6 +203,34 @@ def test_only_allowed_tokens_are_generated(sdk: openai.OpenAI, grpc_client: Clie
     assert refused.value.body["param"] == "allowed_token_ids"  # type: ignore[index]
 
 
+def test_bad_words_are_not_written(sdk: openai.OpenAI, grpc_client: Client) -> None:
+    """vLLM's bad_words: a word the greedy reply writes is, asked against, not written as its
+    tokens (at the start or after a space); past the limits, refused by name."""
+    asked: dict[str, Any] = dict(model="", prompt=PROMPT, max_tokens=12, temperature=0)
+    named = {"return_tokens_as_token_ids": True}
+    free = sdk.completions.create(**asked, logprobs=0, extra_body=named)
+    words = free.choices[0].text.split()
+    assert len(words) >= 2, free.choices[0].text
+    word = words[1].strip(".,;:")
+    held = sdk.completions.create(**asked, logprobs=0, extra_body={**named, "bad_words": [word]})
+    lp = held.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    for form in (word, f" {word}"):
+        banned = grpc_client.tokenize(form)
+        windows = [ids[i : i + len(banned)] for i in range(len(ids))]
+        assert banned not in windows, (form, held.choices[0].text)
+    assert held.choices[0].text != free.choices[0].text
+    for bad, says in (
+        (["w"] * 33, "at most 32 words"),
+        ([" "], "a word is empty"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(**asked, extra_body={"bad_words": bad})
+        assert refused.value.body["param"] == "bad_words"  # type: ignore[index]
+        assert says in refused.value.body["message"]  # type: ignore[index]
+
+
 def test_a_truncated_prompt_is_its_last_tokens(sdk: openai.OpenAI, grpc_client: Client) -> None:
     """vLLM's truncate_prompt_tokens: the completion is that of the prompt's last tokens, and
     counts them; without it a prompt too long for the context is refused naming the way out."""

@@ -84,6 +84,33 @@ def test_allowed_token_ids_are_checked_by_name() -> None:
         Sampler()(torch.zeros(1, 4), [SamplingParams(allowed_token_ids=(4,))], [0], [None])
 
 
+def test_a_bad_word_is_never_completed() -> None:
+    """A bad word's last token is masked where the output so far ends with the rest of it; a
+    word of one token, always. The prompt does not count (the output is what is held)."""
+    words = ((7,), (3, 4, 5))
+    logits = torch.zeros(1, 10)
+    logits[0, [7, 5, 4]] = torch.tensor([9.0, 8.0, 7.0])  # the model's favourites, in order
+    p = SamplingParams(temperature=0, bad_words_ids=words)
+    assert p.needs_history  # (a word of two tokens or more reads the output)
+
+    def pick(tokens: list[int], prompt_len: int = 0) -> int:
+        return int(Sampler()(logits, [p], [len(tokens)], [(tokens, prompt_len)]).token_ids)
+
+    assert pick([]) == 5  # 7 is banned everywhere
+    assert pick([3]) == 5  # 5 only after 3 4
+    assert pick([3, 4]) == 4 and pick([1, 3, 4], prompt_len=1) == 4
+    assert pick([3, 4], prompt_len=2) == 5  # 3 4 was the prompt's
+
+
+def test_bad_words_are_checked_by_name() -> None:
+    with pytest.raises(InvalidRequest, match="bad_words_ids: must be non-empty"):
+        SamplingParams(bad_words_ids=((),))
+    with pytest.raises(InvalidRequest, match="bad_words_ids: must be non-empty"):
+        SamplingParams(bad_words_ids=(tuple(range(1025)),))
+    with pytest.raises(InvalidRequest, match="bad_words_ids: must be empty with an output"):
+        SamplingParams(bad_words_ids=((1,),), allowed_token_ids=(1, 2))
+
+
 def test_plain_greedy_is_untouched() -> None:
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     out = Sampler()(logits, [SamplingParams(temperature=0)] * 4, [1] * 4, [None] * 4, [0] * 4)

@@ -15,5 +15,8 @@ def test_every_sampling_field_survives_the_wire() -> None:
         prompt_logprobs=1, allowed_token_ids=(1, 4, 8),
     )  # fmt: skip
     assert sampling_from_pb(sampling_to_pb(asked)) == asked
+    # (bad words are not with allowed_token_ids)
+    worded = SamplingParams(bad_words_ids=((3,), (5, 6, 7)), repetition_penalty=1.5)
+    assert sampling_from_pb(sampling_to_pb(worded)) == worded
     plain = SamplingParams(stop_token_ids=(0,))  # without min_tokens they hold nothing back
     assert sampling_from_pb(sampling_to_pb(plain)) == SamplingParams()

@@ -324,6 +324,8 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
         request.stop.extend([stop] if isinstance(stop, str) else stop)
     if body.stop_token_ids:
         request.stop_token_ids.extend(body.stop_token_ids)
+    if body.bad_words:
+        request.bad_words.extend(body.bad_words)
     _add_output_format(request.output_format, body)
     return request
 

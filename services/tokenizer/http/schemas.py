@@ -113,6 +113,7 @@ class _Sampling(_Request):
     seed: Seed | None = None
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
+    bad_words: list[str] | None = None  # vLLM's: words the output may not contain
     n: Annotated[int, Field(ge=1, le=16)] | None = None  # sequences from each prompt
     logit_bias: dict[TokenIdText, Bias] | None = None  # token id (as a string) -> its bias
     allowed_token_ids: TokenIds | None = None  # vLLM's: only these may be sampled
