@@ -161,6 +161,13 @@ def test_a_tool_use_goes_out_and_its_result_comes_back(
         tools=[CHAT_WEATHER],
     )  # fmt: skip
     assert input_tokens(replied.usage) == chat["usage"]["prompt_tokens"]
+    # The same conversation counted, not run (the SDK's messages.count_tokens).
+    counted = sdk.messages.count_tokens(
+        model="", tools=[WEATHER],  # type: ignore[list-item]
+        messages=[ASK, {"role": "assistant", "content": called.content},
+                  {"role": "user", "content": [result]}],  # type: ignore[list-item]
+    )  # fmt: skip
+    assert counted.input_tokens == chat["usage"]["prompt_tokens"]
 
 
 @pytest.mark.parametrize(
@@ -224,3 +231,16 @@ def test_the_key_is_taken_as_x_api_key_on_this_route_only(served: Pipeline) -> N
     chat = {**asked, "messages": [{"role": "user", "content": "hi"}]}
     got = httpx.post(f"{url}/chat/completions", json=chat, headers={"x-api-key": KEY}, timeout=60)
     assert got.status_code == 401 and got.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_counting_tokens_answers_as_anthropic_does(served: Pipeline) -> None:
+    url = f"{served.http_url}/messages/count_tokens"
+    asked = {"model": "", "system": "Be brief.", "messages": [ASK]}
+    got = httpx.post(url, json=asked, headers={"x-api-key": KEY}, timeout=60)
+    assert got.status_code == 200, got.text
+    chat = chat_of(served, [{"role": "system", "content": "Be brief."}, ASK])
+    assert got.json() == {"input_tokens": chat["usage"]["prompt_tokens"]}
+    refused = httpx.post(url, json={**asked, "max_tokens": 4}, headers=BEARER, timeout=60)
+    assert refused.status_code == 400 and refused.json()["type"] == "error"
+    assert refused.json()["error"]["message"].startswith("max_tokens: ")
+    assert httpx.post(url, json=asked, timeout=60).json()["error"]["type"] == "authentication_error"

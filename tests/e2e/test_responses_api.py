@@ -139,6 +139,12 @@ def test_a_function_call_goes_out_and_its_output_comes_back(
     )  # fmt: skip
     assert replied.usage is not None
     assert replied.usage.input_tokens == chat["usage"]["prompt_tokens"]
+    # The same input counted, not run (the SDK's responses.input_tokens.count).
+    counted = sdk.responses.input_tokens.count(
+        model="", input=[ask, call.model_dump(exclude_none=True), answer], tools=[WEATHER],  # type: ignore[list-item]
+    )  # fmt: skip
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == chat["usage"]["prompt_tokens"]
 
 
 def test_a_text_format_holds_the_output_to_its_schema(sdk: openai.OpenAI) -> None:
@@ -206,3 +212,12 @@ def test_the_default_model_has_no_tool_template_yet_calls_are_shown(
     chat.append({"role": "user", "content": "Bye"})
     expected = chat_of(served, chat, max_tokens=2)["usage"]["prompt_tokens"]
     assert got.json()["usage"]["input_tokens"] == expected
+
+
+def test_counting_tokens_names_the_responses_field_of_an_error(served: Pipeline) -> None:
+    asked = {"model": "", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}
+    got = httpx.post(f"{served.http_url}/responses/input_tokens", json=asked, timeout=60)
+    assert got.status_code == 400, got.text
+    assert got.json()["error"]["param"] == "input[0].content[0].type"
+    many = {"model": "", "input": "hi", "max_output_tokens": 5}  # a Response's, not a count's
+    assert httpx.post(f"{served.http_url}/responses/input_tokens", json=many).status_code == 400

@@ -4,6 +4,7 @@
     POST /v1/responses   OpenAI's Responses API, as the chat completion of its input (responses.py)
     POST /v1/messages    Anthropic's Messages API, as the chat completion of its messages
                          (messages.py), its errors in Anthropic's body; its key also as x-api-key
+    POST /v1/responses/input_tokens, POST /v1/messages/count_tokens   a request's prompt tokens
     GET  /v1/models, GET /v1/models/{model}
     POST /tokenize, POST /detokenize   (vLLM's)
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
@@ -48,13 +49,24 @@ from services.tokenizer.http.errors import (
 )
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.http_metrics import HttpMetrics
-from services.tokenizer.http.messages import MessagesError, MessagesRequest
+from services.tokenizer.http.messages import (
+    CountTokensRequest,
+    MessagesError,
+    MessagesRequest,
+    TokensCount,
+)
 from services.tokenizer.http.messages import chat_form as message_chat
 from services.tokenizer.http.messages import renamed as message_renamed
 from services.tokenizer.http.messages_output import MessageAnswer
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.reasoning import reasons
-from services.tokenizer.http.responses import ResponsesRequest, chat_form, renamed
+from services.tokenizer.http.responses import (
+    InputTokens,
+    InputTokensRequest,
+    ResponsesRequest,
+    chat_form,
+    renamed,
+)
 from services.tokenizer.http.responses_output import ResponseAnswer, event_sse
 from services.tokenizer.http.schemas import (
     ChatCompletion,
@@ -67,7 +79,9 @@ from services.tokenizer.http.schemas import (
 )
 from services.tokenizer.http.tokenize_routes import tokenize_routes
 from services.tokenizer.http.tool_formats import ToolFormat
+from services.tokenizer.tokenizing import tokenize
 from shm.errors import ShmError
+from tandem.v1 import generation_pb2 as pb
 
 T = TypeVar("T")
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
@@ -143,10 +157,11 @@ def create_app(
 
     def shaped(request: Request, body: ErrorBody) -> dict[str, Any]:
         """An error body as the request's API gives it: Anthropic's on its route."""
-        return anthropic_error(body) if request.url.path == MESSAGES else body
+        return anthropic_error(body) if _is_messages(request) else body
 
     async def error_response(request: Request, err: BaseException) -> JSONResponse:
-        status, body = http_error(err, chat=request.url.path in (CHAT, RESPONSES, MESSAGES))
+        chat = request.url.path in (CHAT, RESPONSES, MESSAGES)
+        status, body = http_error(err, chat=chat)
         return JSONResponse(
             shaped(request, body), status_code=status, headers=error_headers(status)
         )
@@ -175,7 +190,7 @@ def create_app(
     def require_key(request: Request, authorization: str | None = Header(default=None)) -> None:
         if keys.allows(authorization):
             return
-        if request.url.path != MESSAGES:
+        if not _is_messages(request):
             raise Unauthenticated("a valid API key is required: send `Authorization: Bearer KEY`")
         # Anthropic's SDKs send the key as x-api-key.
         if not keys.allows_key(request.headers.get("x-api-key")):
@@ -247,6 +262,33 @@ def create_app(
         except InvalidRequest as err:
             raise message_renamed(err, form.where) from None
 
+    @v1.post("/responses/input_tokens", response_model=InputTokens)
+    async def responses_input_tokens(body: InputTokensRequest) -> dict[str, Any]:
+        form = chat_form(body.as_response())
+        try:
+            plan = chat_plan(form.chat, "count", a.model_name, tool_form, reasoning)
+            return {"object": "response.input_tokens", "input_tokens": await counted(plan)}
+        except InvalidRequest as err:
+            raise renamed(err, form.where) from None
+
+    @v1.post(
+        "/messages/count_tokens",
+        response_model=TokensCount,
+        responses={status: {"model": MessagesError} for status in _ERRORS},
+    )
+    async def count_message_tokens(body: CountTokensRequest) -> dict[str, Any]:
+        form = message_chat(body.as_message())
+        try:
+            plan = chat_plan(form.chat, "count", a.model_name, tool_form, reasoning)
+            return {"input_tokens": await counted(plan)}
+        except InvalidRequest as err:
+            raise message_renamed(err, form.where) from None
+
+    async def counted(plan: Plan) -> int:
+        """The prompt tokens the plan's chat runs: its messages and tools through the template."""
+        (request,) = plan.requests
+        return len(await tokenize(a, pb.TokenizeRequest(chat=request.chat, model=request.model)))
+
     async def serve(request: Request, plan: Plan, answer: Answer | None = None) -> Response:
         """answer: a chat completion answered as another API's (its route's)."""
         response_id = f"{'chatcmpl' if plan.chat else 'cmpl'}-{request.state.request_id}"
@@ -286,6 +328,11 @@ def create_app(
     app.add_middleware(HttpMetrics, count=a.telemetry.metrics.http_response, paths=paths)
     app.add_middleware(_RequestId)
     return app
+
+
+def _is_messages(request: Request) -> bool:
+    """Whether the request is to Anthropic's routes (its key and its errors' shape)."""
+    return request.url.path.startswith(MESSAGES)
 
 
 async def stream(generations: Generations, out: Output) -> AsyncIterator[str]:

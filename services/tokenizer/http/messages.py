@@ -93,6 +93,26 @@ class MessagesRequest(_Cached):
     thinking: dict[str, Any] | None = None  # refused unless disabled
 
 
+class CountTokensRequest(_Cached):
+    """POST /v1/messages/count_tokens: the prompt of a Messages request, counted, not run."""
+
+    model: str | None = None
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+
+    def as_message(self) -> MessagesRequest:
+        """The Messages request of this prompt (what it generates does not change it)."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return MessagesRequest(**fields, max_tokens=1)
+
+
+class TokensCount(BaseModel):
+    input_tokens: int
+
+
 class MessagesErrorDetail(BaseModel):
     type: str  # invalid_request_error, authentication_error, not_found_error, ...
     message: str  # beginning with the field it names, if it names one: "max_tokens: ..."

@@ -72,6 +72,30 @@ class ResponsesRequest(_Request):
     include: list[str] | None = None
 
 
+class InputTokensRequest(_Request):
+    """POST /v1/responses/input_tokens: the input of a Responses request, counted, not run."""
+
+    model: str | None = None
+    input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    previous_response_id: str | None = None  # refused: tandem keeps no responses
+    truncation: Literal["disabled"] | None = None
+    reasoning: dict[str, Any] | None = None  # refused unless empty
+
+    def as_response(self) -> ResponsesRequest:
+        """The Responses request of this input."""
+        return ResponsesRequest(**{name: getattr(self, name) for name in type(self).model_fields})
+
+
+class InputTokens(BaseModel):
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
 class ChatForm(BaseModel):
     """A Responses request as the chat completion that answers it, and where each message
     came from (an error naming messages[k] names input[where[k]])."""
