@@ -24,7 +24,7 @@ MAX_TOKENS = 4
 MAX_N = 2
 POSTS = {
     "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/tokenize",
-    "/detokenize",
+    "/detokenize", "/v1/responses/input_tokens", "/v1/messages/count_tokens",
 }  # fmt: skip
 # Fields tandem refuses by name (tests/e2e/test_openai_api.py), and a model name that is not the
 # served one: dropped from valid requests, so that more of them reach the admission path.
