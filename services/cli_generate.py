@@ -174,6 +174,7 @@ def _as_json(result: GenerationResult, with_logprobs: bool) -> dict[str, Any]:
         "token_ids": result.token_ids,
         "text": result.text,
         "finish_reason": result.finish_reason,
+        "stop_reason": result.stop_reason,  # the request's stop string or stop token id, if one
         "usage": {
             "prompt_tokens": usage.prompt_tokens if usage else len(result.prompt_token_ids),
             "completion_tokens": usage.completion_tokens if usage else len(result.token_ids),

@@ -47,6 +47,7 @@ async def test_generate_json_prints_one_object(
         "token_ids": [42, 7, 3],
         "text": "Paris is.",
         "finish_reason": "stop",
+        "stop_reason": None,  # the model's own end
         "usage": {"prompt_tokens": 2, "completion_tokens": 3},
         "request_id": "abc",
         "trace_id": TRACE_ID,
@@ -55,6 +56,24 @@ async def test_generate_json_prints_one_object(
     (request,) = fake.servicer.requests
     assert request.text == "Capital?" and request.sampling.temperature == 0.0
     assert not request.HasField("max_tokens")  # the server picks, within the context
+
+
+async def test_generate_json_names_the_stop_string_that_ended_it(
+    fake: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def stopped(_: pb.GenerateRequest) -> Script:
+        messages = stream(PIECES)
+        messages[-1].stop_string = " is"
+        return Script(messages)
+
+    fake.servicer.script = stopped
+    code = await tandem(
+        "generate", "--server", fake.address, "--prompt", "Capital?", "--stop", " is", "--json"
+    )
+    out, _ = capsys.readouterr()
+    assert code == 0 and json.loads(out)["stop_reason"] == " is"
+    (request,) = fake.servicer.requests
+    assert list(request.stop) == [" is"]
 
 
 async def test_generate_prints_the_prompts_scores(
