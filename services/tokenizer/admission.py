@@ -290,7 +290,8 @@ class Admission:
     def _bad_words_ids(self, spec: GenerateSpec) -> tuple[tuple[int, ...], ...]:
         """Each bad word's tokens at the start of a text and after a space (vLLM's two forms)."""
         forms = {form for word in spec.bad_words for form in (word.lstrip(), f" {word.lstrip()}")}
-        encoded = {tuple(self.tokenizer.encode(form, allow_special=False)) for form in forms}
+        encode = partial(self.tokenizer.encode, allow_special=False, field="bad_words")
+        encoded = {tuple(encode(form)) for form in forms}
         words = tuple(sorted(ids for ids in encoded if ids))
         if sum(map(len, words)) > MAX_BAD_WORDS_IDS:
             raise InvalidRequest("bad_words", f"more than {MAX_BAD_WORDS_IDS} tokens in all")
