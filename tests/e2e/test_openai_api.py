@@ -569,6 +569,18 @@ def test_json_object_regex_and_choice_hold_the_output(sdk: openai.OpenAI) -> Non
         max_tokens=16, extra_body={"structured_outputs": {"grammar": grammar}}, temperature=0,
     )  # fmt: skip
     assert said.choices[0].message.content in ("The sky is blue.", "The sky is green.")
+    # vLLM's older names of the same forms (guided_*), as code written for them sends them.
+    for older, newer in (
+        ({"guided_regex": date}, {"regex": date}),
+        ({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
+        ({"guided_json": {"type": "integer"}}, {"json": {"type": "integer"}}),
+    ):
+        asked: dict[str, Any] = dict(model="", messages=CHAT, max_tokens=12, temperature=0)
+        got = sdk.chat.completions.create(
+            **asked, extra_body={**older, "guided_decoding_backend": "x"}
+        )
+        want = sdk.chat.completions.create(**asked, extra_body={"structured_outputs": newer})
+        assert got.choices[0].message.content == want.choices[0].message.content
 
 
 def test_a_bad_output_format_is_refused_and_nothing_is_held(
@@ -581,6 +593,9 @@ def test_a_bad_output_format_is_refused_and_nothing_is_held(
         ({"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}}, ""),
         ({"extra_body": {"structured_outputs": {"grammar": "root ::= ((("}}}, "neither"),
         ({"extra_body": {"structured_outputs": {"json": {"type": "colour"}}}}, "colour"),
+        ({"extra_body": {"guided_regex": "(unclosed"}}, "regex"),
+        ({"extra_body": {"guided_json": {"type": "colour"}}}, "colour"),
+        ({"extra_body": {"guided_choice": ["a"], "guided_regex": "a"}}, "one form"),
     ]
     params = [
         "response_format.json_schema.schema",
@@ -588,6 +603,9 @@ def test_a_bad_output_format_is_refused_and_nothing_is_held(
         "ignore_eos",
         "structured_outputs.grammar",
         "structured_outputs.json",
+        "guided_regex",
+        "guided_json",
+        "guided_choice",
     ]
     for (extra, words), param in zip(bad, params, strict=True):
         with pytest.raises(openai.BadRequestError) as err:

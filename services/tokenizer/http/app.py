@@ -92,8 +92,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 # The output formats whose errors name the plan's format_param where it has one: a tool's
-# schema ("required", a named function; "auto", a grammar), structured_outputs.json.
-_NAMED_ELSEWHERE = ("output_format.json_schema", "output_format.grammar")
+# schema ("required", a named function; "auto", a grammar), structured_outputs.json, an older
+# guided_* field.
+_NAMED_ELSEWHERE = (
+    "output_format.json_schema",
+    "output_format.grammar",
+    "output_format.regex",
+    "output_format.choice",
+)
 
 
 class Answer(Protocol):

@@ -17,6 +17,7 @@ from services.tokenizer.http.schemas import (
     CompletionRequest,
     ContentPart,
     DetokenizeRequest,
+    StructuredOutputs,
     TokenizeRequest,
     _Rendering,
     _Sampling,
@@ -246,15 +247,30 @@ def _plan(body: _Sampling, requests: list[pb.GenerateRequest], top: int | None) 
         continuous_usage=bool(options and options.continuous_usage_stats),
         top_logprobs=top,
         chat=isinstance(body, ChatCompletionRequest),
-        format_param=_json_param(body),
+        format_param=_format_param(body),
         token_ids_as_text=bool(body.return_tokens_as_token_ids),
     )
 
 
-def _json_param(body: _Sampling) -> str | None:
-    """What an error in a JSON Schema names where vLLM's structured_outputs gave it."""
+def _format_param(body: _Sampling) -> str | None:
+    """What an error in the output's form names where vLLM's fields gave it: the older
+    guided_* field given, or structured_outputs.json (its other forms are named as they are)."""
+    if (legacy := _guided(body)) is not None:
+        return f"guided_{legacy[0]}"
     extra = body.structured_outputs
     return "structured_outputs.json" if extra is not None and extra.json_ is not None else None
+
+
+_GUIDED = ("json", "regex", "choice", "grammar")
+
+
+def _guided(body: _Sampling) -> tuple[str, Any] | None:
+    """The form an older guided_* field gives (vLLM's names before structured_outputs)."""
+    given = [(name, v) for name in _GUIDED if (v := getattr(body, f"guided_{name}")) is not None]
+    if len(given) > 1:
+        names = " and ".join(f"guided_{name}" for name, _ in given)
+        raise InvalidRequest(f"guided_{given[1][0]}", f"give one form, not {names}")
+    return given[0] if given else None
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -333,9 +349,15 @@ def _common(body: _Sampling, request_id: str, model_name: str) -> pb.GenerateReq
 def _add_output_format(out: pb.OutputFormat, body: _Sampling) -> None:
     """response_format (OpenAI's) or structured_outputs (vLLM's) as the gRPC API's one format."""
     fmt, extra = body.response_format, body.structured_outputs
+    given = "structured_outputs"
+    if (legacy := _guided(body)) is not None:
+        name, value = legacy
+        if extra is not None:
+            raise InvalidRequest(f"guided_{name}", "give it or structured_outputs, not both")
+        extra, given = StructuredOutputs.model_validate({name: value}), f"guided_{name}"
     if fmt is not None and fmt.type != "text":
         if extra is not None:
-            raise InvalidRequest("structured_outputs", "give it or response_format, not both")
+            raise InvalidRequest(given, "give it or response_format, not both")
         if fmt.type == "json_object":
             out.json_object = True
         else:
@@ -353,8 +375,8 @@ def _add_output_format(out: pb.OutputFormat, body: _Sampling) -> None:
             "structured_outputs", "give one of json, json_object, regex, choice or grammar"
         )
     if extra.json_ is not None:
-        given = extra.json_
-        out.json_schema = given if isinstance(given, str) else json.dumps(given)
+        as_given = extra.json_
+        out.json_schema = as_given if isinstance(as_given, str) else json.dumps(as_given)
     elif extra.json_object:
         out.json_object = True
     elif extra.regex is not None:

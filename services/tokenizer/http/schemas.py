@@ -128,6 +128,12 @@ class _Sampling(_Request):
     best_of: Int32 | None = None  # refused above 1
     response_format: ResponseFormat | None = None  # text, json_object or json_schema
     structured_outputs: StructuredOutputs | None = None  # vLLM's forms
+    # vLLM's older names of those forms (before structured_outputs), taken as them.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # taken: llguidance serves every form
     # vLLM's: score the prompt, each token with its rank and this many alternatives; answered
     # whole (not streamed) in `prompt_logprobs`.
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
