@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.tokenizer import Tokenizer
-from services.tokenizer.http.app import Answer
+from services.tokenizer.http.chat_apis import Answer
 from services.tokenizer.http.convert import Plan
 from services.tokenizer.http.output import Output
 from tandem.v1 import generation_pb2 as pb

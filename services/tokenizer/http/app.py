@@ -5,6 +5,7 @@
     POST /v1/messages    Anthropic's Messages API, as the chat completion of its messages
                          (messages.py), its errors in Anthropic's body; its key also as x-api-key
     POST /v1/responses/input_tokens, POST /v1/messages/count_tokens   a request's prompt tokens
+                         (those four: chat_apis.py)
     GET  /v1/models, GET /v1/models/{model}
     POST /tokenize, POST /detokenize   (vLLM's)
     GET  /health    200 while attached to a scheduler with a worker, else 503 (no key needed)
@@ -23,7 +24,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +39,7 @@ from services.errors import Cancelled, ServiceError, Unauthenticated, Unavailabl
 from services.tokenizer.admission import Admission
 from services.tokenizer.auth import ApiKeys
 from services.tokenizer.http.body_limit import BodyLimit
+from services.tokenizer.http.chat_apis import MESSAGES, Answer, chat_api_routes, is_messages
 from services.tokenizer.http.convert import Plan, chat_plan, check_served_model, completion_plan
 from services.tokenizer.http.errors import (
     ErrorBody,
@@ -49,25 +51,9 @@ from services.tokenizer.http.errors import (
 )
 from services.tokenizer.http.generations import Generations
 from services.tokenizer.http.http_metrics import HttpMetrics
-from services.tokenizer.http.messages import (
-    CountTokensRequest,
-    MessagesError,
-    MessagesRequest,
-    TokensCount,
-)
-from services.tokenizer.http.messages import chat_form as message_chat
-from services.tokenizer.http.messages import renamed as message_renamed
-from services.tokenizer.http.messages_output import MessageAnswer
 from services.tokenizer.http.output import Output, sse
 from services.tokenizer.http.reasoning import reasons
-from services.tokenizer.http.responses import (
-    InputTokens,
-    InputTokensRequest,
-    ResponsesRequest,
-    chat_form,
-    renamed,
-)
-from services.tokenizer.http.responses_output import ResponseAnswer, event_sse
+from services.tokenizer.http.responses_output import event_sse
 from services.tokenizer.http.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -79,13 +65,10 @@ from services.tokenizer.http.schemas import (
 )
 from services.tokenizer.http.tokenize_routes import tokenize_routes
 from services.tokenizer.http.tool_formats import ToolFormat
-from services.tokenizer.tokenizing import tokenize
 from shm.errors import ShmError
-from tandem.v1 import generation_pb2 as pb
 
 T = TypeVar("T")
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
-MESSAGES = "/v1/messages"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503)
 }
@@ -100,17 +83,6 @@ _NAMED_ELSEWHERE = (
     "output_format.regex",
     "output_format.choice",
 )
-
-
-class Answer(Protocol):
-    """A chat completion's answer as another API gives it (responses_output.py,
-    messages_output.py): whole, or as its own events from the chat's chunks."""
-
-    def whole(self, completion: dict[str, Any]) -> dict[str, Any]: ...
-    def begin(self) -> list[dict[str, Any]]: ...
-    def events(self, chunk: dict[str, Any]) -> list[dict[str, Any]]: ...
-    def end(self) -> list[dict[str, Any]]: ...
-    def error(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class _RequestId:
@@ -163,7 +135,7 @@ def create_app(
 
     def shaped(request: Request, body: ErrorBody) -> dict[str, Any]:
         """An error body as the request's API gives it: Anthropic's on its route."""
-        return anthropic_error(body) if _is_messages(request) else body
+        return anthropic_error(body) if is_messages(request) else body
 
     async def error_response(request: Request, err: BaseException) -> JSONResponse:
         chat = request.url.path in (CHAT, RESPONSES, MESSAGES)
@@ -196,7 +168,7 @@ def create_app(
     def require_key(request: Request, authorization: str | None = Header(default=None)) -> None:
         if keys.allows(authorization):
             return
-        if not _is_messages(request):
+        if not is_messages(request):
             raise Unauthenticated("a valid API key is required: send `Authorization: Bearer KEY`")
         # Anthropic's SDKs send the key as x-api-key.
         if not keys.allows_key(request.headers.get("x-api-key")):
@@ -247,54 +219,6 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await serve(request, completion_plan(body, request.state.request_id, a.model_name))
 
-    @v1.post("/responses")
-    async def responses(body: ResponsesRequest, request: Request) -> Response:
-        form = chat_form(body)
-        request_id = request.state.request_id
-        answer = ResponseAnswer(body, request_id, a.model_name, a.tokenizer)
-        try:
-            plan = chat_plan(form.chat, request_id, a.model_name, tool_form, reasoning)
-            return await serve(request, plan, answer)
-        except InvalidRequest as err:
-            raise renamed(err, form.where) from None
-
-    @v1.post("/messages", responses={status: {"model": MessagesError} for status in _ERRORS})
-    async def messages(body: MessagesRequest, request: Request) -> Response:
-        form = message_chat(body)
-        request_id = request.state.request_id
-        try:
-            plan = chat_plan(form.chat, request_id, a.model_name, tool_form, reasoning)
-            return await serve(request, plan, MessageAnswer(request_id, a.model_name))
-        except InvalidRequest as err:
-            raise message_renamed(err, form.where) from None
-
-    @v1.post("/responses/input_tokens", response_model=InputTokens)
-    async def responses_input_tokens(body: InputTokensRequest) -> dict[str, Any]:
-        form = chat_form(body.as_response())
-        try:
-            plan = chat_plan(form.chat, "count", a.model_name, tool_form, reasoning)
-            return {"object": "response.input_tokens", "input_tokens": await counted(plan)}
-        except InvalidRequest as err:
-            raise renamed(err, form.where) from None
-
-    @v1.post(
-        "/messages/count_tokens",
-        response_model=TokensCount,
-        responses={status: {"model": MessagesError} for status in _ERRORS},
-    )
-    async def count_message_tokens(body: CountTokensRequest) -> dict[str, Any]:
-        form = message_chat(body.as_message())
-        try:
-            plan = chat_plan(form.chat, "count", a.model_name, tool_form, reasoning)
-            return {"input_tokens": await counted(plan)}
-        except InvalidRequest as err:
-            raise message_renamed(err, form.where) from None
-
-    async def counted(plan: Plan) -> int:
-        """The prompt tokens the plan's chat runs: its messages and tools through the template."""
-        (request,) = plan.requests
-        return len(await tokenize(a, pb.TokenizeRequest(chat=request.chat, model=request.model)))
-
     async def serve(request: Request, plan: Plan, answer: Answer | None = None) -> Response:
         """answer: a chat completion answered as another API's (its route's)."""
         response_id = f"{'chatcmpl' if plan.chat else 'cmpl'}-{request.state.request_id}"
@@ -326,6 +250,7 @@ def create_app(
         finally:
             await generations.aclose()
 
+    v1.include_router(chat_api_routes(a, serve, _ERRORS, tool_form, reasoning))
     app.include_router(v1)
     app.include_router(tokenize_routes(a, [Depends(require_key)], _ERRORS, tool_form))
     app.add_middleware(BodyLimit, limit=MAX_MESSAGE_BYTES, timeout_s=body_timeout_s)
@@ -334,11 +259,6 @@ def create_app(
     app.add_middleware(HttpMetrics, count=a.telemetry.metrics.http_response, paths=paths)
     app.add_middleware(_RequestId)
     return app
-
-
-def _is_messages(request: Request) -> bool:
-    """Whether the request is to Anthropic's routes (its key and its errors' shape)."""
-    return request.url.path.startswith(MESSAGES)
 
 
 async def stream(generations: Generations, out: Output) -> AsyncIterator[str]:
