@@ -231,6 +231,17 @@ def test_bad_words_are_not_written(sdk: openai.OpenAI, grpc_client: Client) -> N
         assert says in refused.value.body["message"]  # type: ignore[index]
 
 
+def test_openais_fields_tandem_needs_none_of_are_taken(sdk: openai.OpenAI) -> None:
+    """service_tier, prompt_cache_key and safety_identifier, as agents' SDKs send them: the
+    reply is the same as without."""
+    asked: dict[str, Any] = dict(model="", messages=CHAT, max_tokens=6, temperature=0)
+    plain = sdk.chat.completions.create(**asked)
+    taken = sdk.chat.completions.create(
+        **asked, service_tier="auto", prompt_cache_key="conversation-7", safety_identifier="u1"
+    )
+    assert taken.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_a_truncated_prompt_is_its_last_tokens(sdk: openai.OpenAI, grpc_client: Client) -> None:
     """vLLM's truncate_prompt_tokens: the completion is that of the prompt's last tokens, and
     counts them; without it a prompt too long for the context is refused naming the way out."""

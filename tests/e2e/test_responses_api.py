@@ -221,3 +221,17 @@ def test_counting_tokens_names_the_responses_field_of_an_error(served: Pipeline)
     assert got.json()["error"]["param"] == "input[0].content[0].type"
     many = {"model": "", "input": "hi", "max_output_tokens": 5}  # a Response's, not a count's
     assert httpx.post(f"{served.http_url}/responses/input_tokens", json=many).status_code == 400
+
+
+def test_openais_fields_tandem_needs_none_of_are_taken(sdk: openai.OpenAI) -> None:
+    asked: dict[str, Any] = {"input": "Name a colour.", **GREEDY}
+    plain = sdk.responses.create(**asked)
+    events = list(
+        sdk.responses.create(
+            **asked, stream=True, stream_options={"include_obfuscation": False},
+            service_tier="auto", prompt_cache_key="conversation-7", safety_identifier="u1",
+        )
+    )  # fmt: skip
+    last = events[-1]  # response.completed, or response.incomplete at max_output_tokens
+    assert last.type in ("response.completed", "response.incomplete")
+    assert last.response.output_text == plain.output_text  # type: ignore[union-attr]

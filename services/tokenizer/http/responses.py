@@ -47,6 +47,10 @@ class TextOptions(_Request):
     format: TextFormat | None = None
 
 
+class ResponsesStreamOptions(_Request):
+    include_obfuscation: bool | None = None  # taken: tandem pads no event
+
+
 class ResponsesRequest(_Request):
     model: str | None = None
     # A user's text, or the conversation so far: messages, function calls, their outputs.
@@ -66,6 +70,12 @@ class ResponsesRequest(_Request):
     truncation: Literal["disabled"] | None = None
     metadata: dict[str, str] | None = None  # returned as given
     user: str | None = None
+    # OpenAI's, taken and needed by none: tandem has one service tier, its prefix cache keeps
+    # every prompt's blocks whatever key they come with, and safety_identifier is as user.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    stream_options: ResponsesStreamOptions | None = None
     reasoning: dict[str, Any] | None = None  # refused unless empty
     # More to return. Only what tandem has none of to add is taken: the encrypted reasoning a
     # stateless client sends back (tandem's reasoning items are plain text, kept by no one).

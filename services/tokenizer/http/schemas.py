@@ -123,6 +123,11 @@ class _Sampling(_Request):
     priority: Int32 | None = None  # higher runs first (tandem's order; vLLM's is the reverse)
     session_id: str | None = None  # keeps a conversation's KV cached for its next turn
     user: str | None = None
+    # OpenAI's, taken and needed by none: tandem has one service tier, its prefix cache keeps
+    # every prompt's blocks whatever key they come with, and safety_identifier is as user.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     best_of: Int32 | None = None  # refused above 1
