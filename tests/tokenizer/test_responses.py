@@ -96,7 +96,7 @@ def test_options_become_the_chats() -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         (
-            {"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
+            {"include": ["reasoning.encrypted_content", "code_interpreter_call.outputs"]},
             "include[1]",
         ),
         ({"input": [{"type": "web_search_call"}]}, "input[0].type"),

@@ -21,6 +21,7 @@ from services.tokenizer.http.schemas import (
 )
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
+LOGPROBS = "message.output_text.logprobs"  # what `include` names to have them
 
 
 class FunctionTool(FunctionDefinition):
@@ -77,9 +78,10 @@ class ResponsesRequest(_Request):
     safety_identifier: str | None = None
     stream_options: ResponsesStreamOptions | None = None
     reasoning: dict[str, Any] | None = None  # refused unless empty
-    # More to return. Only what tandem has none of to add is taken: the encrypted reasoning a
-    # stateless client sends back (tandem's reasoning items are plain text, kept by no one).
+    # More to return: the output text's logprobs; and, taken with nothing to add, the encrypted
+    # reasoning a stateless client sends back (tandem's reasoning items are plain text).
     include: list[str] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # with the logprobs included
 
 
 class InputTokensRequest(_Request):
@@ -126,7 +128,7 @@ def chat_form(body: ResponsesRequest) -> ChatForm:
     if body.reasoning:
         raise InvalidRequest("reasoning", "is not supported yet")
     for i, name in enumerate(body.include or []):
-        if name != "reasoning.encrypted_content":
+        if name not in (LOGPROBS, "reasoning.encrypted_content"):
             raise InvalidRequest(f"include[{i}]", f"{name!r} is not supported yet")
     messages: list[dict[str, Any]] = []
     where: list[int | None] = []
@@ -147,6 +149,9 @@ def chat_form(body: ResponsesRequest) -> ChatForm:
             chat[name] = value
     if body.max_output_tokens is not None:
         chat["max_completion_tokens"] = body.max_output_tokens
+    if LOGPROBS in (body.include or ()):
+        chat["logprobs"] = True
+        chat["top_logprobs"] = body.top_logprobs or 0
     if body.tools:
         chat["tools"] = [
             {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}

@@ -37,6 +37,7 @@ class ResponseAnswer:
         self.open: dict[str, Any] | None = None  # the reasoning or message item streaming
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.logprobs: list[dict[str, Any]] = []  # streamed: the tokens' not yet sent with text
 
     def response(self, status: str, output: list[dict[str, Any]], finish: str | None) -> Event:
         body = self.body
@@ -65,6 +66,7 @@ class ResponseAnswer:
             else choice or ("auto" if tools else "none"),
             "tools": tools,
             "top_p": body.top_p,
+            "top_logprobs": body.top_logprobs,
             "truncation": "disabled",
             "usage": self.usage,
             "user": body.user,
@@ -80,7 +82,9 @@ class ResponseAnswer:
             output.append(_reasoning(message["reasoning_content"], "completed"))
         calls = message.get("tool_calls") or []
         if message.get("content") or not calls:
-            output.append(_message(message.get("content") or "", "completed"))
+            item = _message(message.get("content") or "", "completed")
+            item["content"][0]["logprobs"] = _logprobs(choice)
+            output.append(item)
         output += [_call(c, "completed") for c in calls]
         return self.response("completed", output, choice["finish_reason"])
 
@@ -100,6 +104,7 @@ class ResponseAnswer:
         out: list[Event] = []
         for choice in chunk.get("choices", []):
             delta = choice["delta"]
+            self.logprobs += _logprobs(choice)  # sent with the next text (or at its end)
             if reasoning := delta.get("reasoning_content"):
                 self.reasoned += reasoning
                 out += self._text("reasoning", reasoning)
@@ -156,7 +161,11 @@ class ResponseAnswer:
             return out
         if kind == "reasoning":
             return [*out, self._event("response.reasoning_text.delta", **self._at(), delta=text)]
-        delta = self._event("response.output_text.delta", **self._at(), delta=text, logprobs=[])
+        logprobs, self.logprobs = self.logprobs, []
+        self.open["content"][0]["logprobs"] += logprobs
+        delta = self._event(
+            "response.output_text.delta", **self._at(), delta=text, logprobs=logprobs
+        )
         return [*out, delta]
 
     def _close(self) -> list[Event]:
@@ -168,7 +177,11 @@ class ResponseAnswer:
         if item["type"] == "reasoning":
             done = self._event("response.reasoning_text.done", **at, text=part["text"])
         else:
-            done = self._event("response.output_text.done", **at, text=part["text"], logprobs=[])
+            part["logprobs"] += self.logprobs  # those of tokens that added no text
+            self.logprobs = []
+            done = self._event(
+                "response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"]
+            )
         return [
             done,
             self._event("response.content_part.done", **at, part=dict(part)),
@@ -222,6 +235,11 @@ def _message(text: str, status: str) -> dict[str, Any]:
         "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
     }
+
+
+def _logprobs(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat choice's (or chunk's) token logprobs, as output_text's: the same fields."""
+    return list((choice.get("logprobs") or {}).get("content") or [])
 
 
 def _reasoning(text: str, status: str) -> dict[str, Any]:
