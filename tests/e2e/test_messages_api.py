@@ -106,8 +106,9 @@ def test_a_streamed_message_is_the_whole_one_event_by_event(sdk: anthropic.Anthr
 
 def test_a_stop_sequence_ends_the_message_and_is_named(sdk: anthropic.Anthropic) -> None:
     asked: dict[str, Any] = {**GREEDY, "max_tokens": 24, "messages": [ASK]}
-    # Once first, so that every answer compared finds the prompt in the prefix cache (which may
-    # take other kernels than a prompt computed whole, and so another greedy path).
+    # Once first, so that every answer compared finds the whole prompt in the prefix cache: two
+    # greedy answers to one prompt were seen to part where the cache held less of it for one
+    # (its rest computed in another chunk, rounded otherwise).
     sdk.messages.create(**asked)
     (said,) = sdk.messages.create(**asked).content
     assert said.type == "text"

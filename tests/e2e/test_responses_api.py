@@ -239,7 +239,8 @@ def test_openais_fields_tandem_needs_none_of_are_taken(sdk: openai.OpenAI) -> No
 def test_the_output_texts_logprobs_come_when_included(sdk: openai.OpenAI) -> None:
     """include message.output_text.logprobs: each token of the text with its logprob and
     top_logprobs alternatives, whole and streamed with the deltas (each answer read against
-    itself: a prompt found in the prefix cache may take other kernels)."""
+    itself: two greedy answers to one prompt were seen to part where the prefix cache held
+    less of it for one)."""
     asked: dict[str, Any] = {"input": "Name a colour.", **GREEDY}
     included = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
     whole = sdk.responses.create(**asked, **included)
