@@ -61,16 +61,16 @@ def input_tokens(usage: anthropic.types.Usage) -> int:
 def test_a_message_is_the_chat_completion_of_its_conversation(
     served: Pipeline, sdk: anthropic.Anthropic
 ) -> None:
+    conversation = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Name a colour."},
+    ]
+    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
+    chat_of(served, conversation)
     message = sdk.messages.create(
         **GREEDY, system="Answer briefly.", messages=[{"role": "user", "content": "Name a colour."}]
     )
-    chat = chat_of(
-        served,
-        [
-            {"role": "system", "content": "Answer briefly."},
-            {"role": "user", "content": "Name a colour."},
-        ],
-    )
+    chat = chat_of(served, conversation)
     said = chat["choices"][0]["message"]["content"]
     (block,) = message.content
     assert block.type == "text" and block.text == said and said
@@ -86,6 +86,8 @@ def test_a_message_is_the_chat_completion_of_its_conversation(
 def test_a_streamed_message_is_the_whole_one_event_by_event(sdk: anthropic.Anthropic) -> None:
     sea = [{"type": "text", "text": "Write about the sea.", "cache_control": {"type": "ephemeral"}}]
     asked: dict[str, Any] = {**GREEDY, "messages": [{"role": "user", "content": sea}]}
+    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
+    sdk.messages.create(**asked)
     whole = sdk.messages.create(**asked)
     events = list(sdk.messages.create(**asked, stream=True))
     kinds = [e.type for e in events]
@@ -106,9 +108,7 @@ def test_a_streamed_message_is_the_whole_one_event_by_event(sdk: anthropic.Anthr
 
 def test_a_stop_sequence_ends_the_message_and_is_named(sdk: anthropic.Anthropic) -> None:
     asked: dict[str, Any] = {**GREEDY, "max_tokens": 24, "messages": [ASK]}
-    # Once first, so that every answer compared finds the whole prompt in the prefix cache: two
-    # greedy answers to one prompt were seen to part where the cache held less of it for one
-    # (its rest computed in another chunk, rounded otherwise).
+    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
     sdk.messages.create(**asked)
     (said,) = sdk.messages.create(**asked).content
     assert said.type == "text"
