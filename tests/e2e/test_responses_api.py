@@ -109,19 +109,17 @@ def test_a_function_call_goes_out_and_its_output_comes_back(
     served: Pipeline, sdk: openai.OpenAI
 ) -> None:
     ask = {"role": "user", "content": "What is the weather in Paris?"}
-    called = sdk.responses.create(
-        **{**GREEDY, "max_output_tokens": 64}, input=[ask], tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice="required", parallel_tool_calls=False,
-    )  # fmt: skip
+    calling: dict[str, Any] = {
+        **GREEDY, "max_output_tokens": 64, "input": [ask], "tools": [WEATHER],
+        "tool_choice": "required", "parallel_tool_calls": False,
+    }  # fmt: skip
+    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
+    sdk.responses.create(**calling)
+    called = sdk.responses.create(**calling)
     (call,) = called.output
     assert call.type == "function_call" and call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])  # type: ignore[arg-type]
-    streamed = list(
-        sdk.responses.create(
-            **{**GREEDY, "max_output_tokens": 64}, input=[ask], tools=[WEATHER],  # type: ignore[list-item]
-            tool_choice="required", parallel_tool_calls=False, stream=True,
-        )
-    )  # fmt: skip
+    streamed = list(sdk.responses.create(**calling, stream=True))
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
     assert [e.arguments for e in done] == [call.arguments]  # type: ignore[union-attr]
     answer = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
