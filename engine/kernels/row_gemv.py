@@ -225,8 +225,9 @@ def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int,
     bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs;
     on an H200 4,096 for the products of more than 4,096 rows (the QKV, gate/up and the head),
     on an H100 that cost 2 points of batch-1 decode. Int8, whose widening is arithmetic: more
-    rows a program share each input, with 4 warps and narrower loads. (Splitting K across
-    programs, the last to finish summing the parts, was slower for every shape, bf16 and int8.)
+    rows a program share each input, with narrower loads; 8 warps for the smallest (O).
+    (Splitting K across programs, the last to finish summing the parts, was slower for every
+    shape, bf16 and int8; so was requesting the next tiles before using the one in hand.)
     FP8 (weight_bytes 0: a conversion, not int8's arithmetic): 8 rows and 4 warps, narrower
     loads for the 14,336-input rows."""
     if weight_bytes == 0:
@@ -234,7 +235,9 @@ def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int,
     if weight_bytes == 1:
         if k > 4096:
             return 8, 2048, 4
-        return (32, 512, 4) if n > 8192 else (16, 1024, 4)
+        if n > 8192:
+            return 32, 512, 4
+        return 8, 1024, 4 if n > 4096 else 8
     wide = 4096 if n > 4096 and _h200(device) else 2048
     return 4, min(wide, triton.next_power_of_2(k)), 8
 
