@@ -1,0 +1,37 @@
+"""bench.batch1_tiles's variants: parsed by product name, and set only while a graph is captured."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from bench.batch1_tiles import SHAPES, parse_variant, tiles_of
+from engine.kernels import row_gemv as rg
+
+
+def test_a_variant_names_each_products_tile() -> None:
+    assert parse_variant("qkv=8,1024,4 o=8,1024,8") == {
+        SHAPES["qkv"]: (8, 1024, 4),
+        SHAPES["o"]: (8, 1024, 8),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [("attn=8,1024,4", "unknown product 'attn'"), ("qkv=8,1024", "rows,inputs,warps"),
+     ("qkv=8,0,4", "rows,inputs,warps"), ("", "at least one")],
+)  # fmt: skip
+def test_a_bad_variant_is_refused_by_name(text: str, named: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=named):
+        parse_variant(text)
+
+
+def test_tiles_apply_to_their_shapes_only_and_only_inside() -> None:
+    cpu = torch.device("cpu")
+    committed_o, committed_down = rg._tile(4096, 4096, 1, cpu), rg._tile(4096, 14336, 1, cpu)
+    with tiles_of({SHAPES["o"]: (4, 512, 2)}):
+        assert rg._tile(4096, 4096, 1, cpu) == (4, 512, 2)
+        assert rg._tile(4096, 14336, 1, cpu) == committed_down
+    assert rg._tile(4096, 4096, 1, cpu) == committed_o
