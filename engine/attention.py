@@ -93,6 +93,24 @@ class KernelDecode:
         return self.kernel(q, pool, self.tables, self.context_lens)
 
 
+@dataclass
+class RowwiseAttention:
+    """Every row of a step with prompts attended by a kernel that computes each as a decode at
+    its position would be (CPU): a row then comes out the same, bit for bit, whether its prompt
+    ran whole, in chunks, or after a prefix found in the cache. (Attention over a block of rows
+    at once, as SDPA does it, rounds differently with the block's rows; CPU's projections
+    quantize activations per block of 32, which turns such last-bit differences into different
+    greedy tokens.)"""
+
+    tables: torch.Tensor  # (S, max_blocks) int64 block ids of each sequence
+    starts: torch.Tensor  # (S,) int64 position of each sequence's first row
+    lengths: torch.Tensor  # (S,) int64 its rows
+    kernel: Callable[..., torch.Tensor]
+
+    def attend(self, q: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+        return self.kernel(q, pool, self.tables, self.starts, self.lengths)
+
+
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 
@@ -101,6 +119,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) int64 pool slot of each new token
     prefills: list[PrefillSpan]
     decodes: DecodeGroup | None
+    rowwise: RowwiseAttention | None = None  # where set, it attends every row of the step
 
     @property
     def fused_decodes(self) -> KernelDecode | None:
@@ -120,8 +139,11 @@ def build_metadata(
     block_size: int,
     device: torch.device,
     decode_kernel: Callable[..., torch.Tensor] | None = None,
+    prefill_kernel: Callable[..., torch.Tensor] | None = None,
 ) -> AttentionMetadata:
-    """starts[i]: position of sequence i's first new token; lengths[i]: its number of new tokens."""
+    """starts[i]: position of sequence i's first new token; lengths[i]: its number of new tokens.
+    prefill_kernel: where given, a step with prompts has all its rows attended by it
+    (`RowwiseAttention`)."""
     # Built in numpy, not a tensor per sequence: a mixed step can carry hundreds of decodes.
     slot_parts: list[np.ndarray] = []
     prefills: list[PrefillSpan] = []
@@ -175,7 +197,16 @@ def build_metadata(
                 to_device(valid, device)[:, None, None, :],
             )
     slot_mapping = to_device(np.concatenate(slot_parts), device)
-    return AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, decodes=decodes)
+    rowwise = None
+    if prefills and prefill_kernel is not None:
+        tables = np.zeros((len(block_tables), max(map(len, block_tables))), dtype=np.int64)
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = table
+        rowwise = RowwiseAttention(
+            to_device(tables, device), to_device(starts, device), to_device(lengths, device),
+            prefill_kernel,
+        )  # fmt: skip
+    return AttentionMetadata(slot_mapping, prefills, decodes, rowwise)
 
 
 # cuDNN's attention builds an execution plan on the host for each new shape of queries and keys,
@@ -220,6 +251,9 @@ def paged_attention(
     (slots, 2, n_kv, hd) so that chunks and decodes see their own tokens. Returns (T, n_heads, hd),
     in `out` if given.
     """
+    if meta.rowwise is not None:
+        heads = meta.rowwise.attend(q, pool)
+        return heads if out is None else out.copy_(heads)
     group = meta.decodes
     if group is not None and not meta.prefills:
         heads = group.attend(q, pool)  # the common step: decodes only, no scatter back

@@ -105,6 +105,28 @@ def usable(x: torch.Tensor) -> bool:
 HEAD_DIMS = (64, 128)  # what the decode attention kernel is compiled for
 
 
+class PagedPrefill:
+    """Every row of a step with prompts attended as `PagedDecode` would attend it at its position
+    (the rows of one prompt share each span of keys they read), for `RowwiseAttention`."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        pool: torch.Tensor,
+        tables: torch.Tensor,
+        starts: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """q: (T, n_heads, hd), sequence after sequence; tables (S, max_blocks), starts and
+        lengths (S,) → (T, n_heads, hd)."""
+        return torch.ops.tandem.paged_prefill(
+            q.contiguous(), pool, tables, starts, lengths, self.block_size
+        )
+
+
 class PagedDecode:
     """Decode attention reading the paged pool through block tables, for `KernelDecode`."""
 

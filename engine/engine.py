@@ -109,6 +109,7 @@ class Engine:
         self.guides: Guides | None = None
         # Decode attention straight from the pool: Triton on CUDA, native on CPU, else None.
         self.decode_kernel: Callable[..., torch.Tensor] | None = None
+        self.prefill_kernel: Callable[..., torch.Tensor] | None = None
         self.graphs = None
         # Steps with prompts of up to a few hundred tokens, in graphs around attention (CUDA, one
         # rank: a tensor-parallel rank's collectives are left to eager steps).
@@ -151,6 +152,7 @@ class Engine:
                     self.piecewise = PiecewiseGraphs(self.model, self.kv, num_kv_blocks)
         elif cpu_kernels.usable(self.kv.pool) and self.config.head_dim in cpu_kernels.HEAD_DIMS:
             self.decode_kernel = cpu_kernels.PagedDecode(block_size)
+            self.prefill_kernel = cpu_kernels.PagedPrefill(block_size)
         fits = NativeDecoder.fits(self.model, self.decode_kernel)
         self.native = NativeDecoder(self.model) if fits else None
         self.start_times["kernels_and_graphs"] = time.perf_counter() - started
@@ -294,6 +296,7 @@ class Engine:
             self.block_size,
             self.device,
             self.decode_kernel,
+            self.prefill_kernel,
         )
         run = self.native if self.native is not None and NativeDecoder.serves(meta) else self.model
         if before_launch is not None:

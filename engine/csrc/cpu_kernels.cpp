@@ -11,7 +11,8 @@
 // - add_rms_norm, rope_and_store, silu_mul: one pass each over fp32 rows.
 // - score_rows: a scored prompt's logprobs, ranks and top n from its rows' logits.
 // - paged_decode: one query per sequence against its keys read through the block table,
-//   in place in the pool (no gather into a padded batch).
+//   in place in the pool (no gather into a padded batch); paged_prefill: a step's prompt rows,
+//   each computed as paged_decode would compute it at its position.
 // - DecodeStack: every layer of a decode-only step in one call, over the kernels above.
 //
 // Registered as torch ops (torch.ops.tandem.*); threads come from ATen's pool, so
@@ -436,104 +437,158 @@ inline __m512 sum16(const __m512 v[16]) {
                        _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// One sequence's decode attention, head dim 16 V: every query head against the sequence's keys,
-// kSpan keys at a time (flash-decoding: a running max and sum per head, so the keys are read
-// once). The span's slots are looked up once; the next span's are prefetched while this one is
-// computed.
+// Decode attention, head dim 16 V, kSpan keys at a time (flash-decoding: a running max and sum
+// per head, so the keys are read once). A query's result is a function of its keys alone: the
+// spans begin at position 0 whatever else is computed, so a prompt's row, run whole, in chunks
+// or after a cached prefix, equals the decode of the same token at the same position, bit for
+// bit (`attend_sequence` for one query, `attend_rows` for a prompt's rows share the span's code).
 constexpr int64_t kSpan = 64;
 
-template <int V>
-void attend_sequence(const float* qb, float* ob, const float* kv, const int64_t* table,
-                     int64_t ctx, int64_t block_size, int64_t n_heads, int64_t n_kv,
-                     float* scores, float* top, float* total) {
-  constexpr int64_t hd = 16 * V;
-  const int64_t group = n_heads / n_kv, slot_floats = 2 * n_kv * hd;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  auto slot = [&](int64_t pos) {  // (2, n_kv, hd): the keys, then the values, of one position
+// Where a key's slot is: (2, n_kv, hd), the keys, then the values, of one position.
+struct Keys {
+  const float* kv;
+  const int64_t* table;
+  int64_t block_size, slot_floats;
+  const float* slot(int64_t pos) const {
     return kv + (table[pos / block_size] * block_size + pos % block_size) * slot_floats;
-  };
-  std::fill_n(ob, n_heads * hd, 0.f);
-  std::fill_n(top, n_heads, -INFINITY);
-  std::fill_n(total, n_heads, 0.f);
-  const float* slots[kSpan];
-  for (int64_t first = 0; first < ctx; first += kSpan) {
-    const int64_t n = std::min(kSpan, ctx - first);
+  }
+  // Slots of positions [first, first + n) into `slots`; the next span's asked into the cache.
+  void span(int64_t first, int64_t n, int64_t ctx, const float** slots) const {
     for (int64_t i = 0; i < n; ++i) slots[i] = slot(first + i);
     for (int64_t i = first + kSpan; i < std::min(ctx, first + 2 * kSpan); ++i) {
       const float* next = slot(i);
       for (int64_t off = 0; off < slot_floats; off += 16)
         _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
     }
-    // Scores 16 keys at a time: one vector of products per key, then one tree reduces the 16.
-    for (int64_t h = 0; h < n_heads; ++h) {
-      __m512 q[V];
-      for (int j = 0; j < V; ++j) q[j] = _mm512_loadu_ps(qb + h * hd + 16 * j);
-      const int64_t key = h / group * hd;
-      for (int64_t c = 0; c < n; c += 16) {
-        __m512 acc[16];
-        for (int64_t i = 0; i < 16; ++i) {
-          if (c + i >= n) {
-            acc[i] = _mm512_setzero_ps();
-            continue;
-          }
-          const float* k = slots[c + i] + key;
-          acc[i] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-          for (int j = 1; j < V; ++j) acc[i] = _mm512_fmadd_ps(q[j], _mm512_loadu_ps(k + 16 * j), acc[i]);
+  }
+};
+
+inline void attend_begin(float* ob, float* top, float* total, int64_t n_heads, int64_t hd) {
+  std::fill_n(ob, n_heads * hd, 0.f);
+  std::fill_n(top, n_heads, -INFINITY);
+  std::fill_n(total, n_heads, 0.f);
+}
+
+// One query (n_heads x hd at qb) against the n keys at `slots`: its running max (top), sum
+// (total) and unnormalised output (ob) updated.
+template <int V>
+void attend_span(const float* qb, float* ob, const float* const* slots, int64_t n,
+                 int64_t n_heads, int64_t n_kv, float* scores, float* top, float* total) {
+  constexpr int64_t hd = 16 * V;
+  const int64_t group = n_heads / n_kv;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  // Scores 16 keys at a time: one vector of products per key, then one tree reduces the 16.
+  for (int64_t h = 0; h < n_heads; ++h) {
+    __m512 q[V];
+    for (int j = 0; j < V; ++j) q[j] = _mm512_loadu_ps(qb + h * hd + 16 * j);
+    const int64_t key = h / group * hd;
+    for (int64_t c = 0; c < n; c += 16) {
+      __m512 acc[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        if (c + i >= n) {
+          acc[i] = _mm512_setzero_ps();
+          continue;
         }
-        _mm512_storeu_ps(scores + h * kSpan + c, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+        const float* k = slots[c + i] + key;
+        acc[i] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+        for (int j = 1; j < V; ++j) acc[i] = _mm512_fmadd_ps(q[j], _mm512_loadu_ps(k + 16 * j), acc[i]);
       }
-    }
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* sc = scores + h * kSpan;
-      __m512 span_top = _mm512_set1_ps(-INFINITY);
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-        span_top = _mm512_mask_max_ps(span_top, live, span_top, _mm512_loadu_ps(sc + i));
-      }
-      const float new_top = std::max(top[h], _mm512_reduce_max_ps(span_top));
-      const float rescale = std::exp(top[h] - new_top);
-      top[h] = new_top;
-      __m512 span_total = _mm512_setzero_ps();
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-        const __m512 p = _mm512_maskz_mov_ps(
-            live, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + i), _mm512_set1_ps(new_top))));
-        _mm512_storeu_ps(sc + i, p);
-        span_total = _mm512_add_ps(span_total, p);
-      }
-      total[h] = total[h] * rescale + _mm512_reduce_add_ps(span_total);
-      // Two sets of accumulators, so consecutive keys' FMAs do not wait on each other.
-      __m512 even[V], odd[V];
-      const __m512 r = _mm512_set1_ps(rescale);
-      for (int j = 0; j < V; ++j) {
-        even[j] = _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), r);
-        odd[j] = _mm512_setzero_ps();
-      }
-      const int64_t value = (n_kv + h / group) * hd;
-      int64_t i = 0;
-      for (; i + 2 <= n; i += 2) {
-        const __m512 p0 = _mm512_set1_ps(sc[i]), p1 = _mm512_set1_ps(sc[i + 1]);
-        const float* v0 = slots[i] + value;
-        const float* v1 = slots[i + 1] + value;
-        for (int j = 0; j < V; ++j) {
-          even[j] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * j), even[j]);
-          odd[j] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * j), odd[j]);
-        }
-      }
-      if (i < n) {
-        const __m512 p = _mm512_set1_ps(sc[i]);
-        for (int j = 0; j < V; ++j)
-          even[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(slots[i] + value + 16 * j), even[j]);
-      }
-      for (int j = 0; j < V; ++j)
-        _mm512_storeu_ps(ob + h * hd + 16 * j, _mm512_add_ps(even[j], odd[j]));
+      _mm512_storeu_ps(scores + h * kSpan + c, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
     }
   }
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* sc = scores + h * kSpan;
+    __m512 span_top = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+      span_top = _mm512_mask_max_ps(span_top, live, span_top, _mm512_loadu_ps(sc + i));
+    }
+    const float new_top = std::max(top[h], _mm512_reduce_max_ps(span_top));
+    const float rescale = std::exp(top[h] - new_top);
+    top[h] = new_top;
+    __m512 span_total = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 live = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+      const __m512 p = _mm512_maskz_mov_ps(
+          live, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + i), _mm512_set1_ps(new_top))));
+      _mm512_storeu_ps(sc + i, p);
+      span_total = _mm512_add_ps(span_total, p);
+    }
+    total[h] = total[h] * rescale + _mm512_reduce_add_ps(span_total);
+    // Two sets of accumulators, so consecutive keys' FMAs do not wait on each other.
+    __m512 even[V], odd[V];
+    const __m512 r = _mm512_set1_ps(rescale);
+    for (int j = 0; j < V; ++j) {
+      even[j] = _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), r);
+      odd[j] = _mm512_setzero_ps();
+    }
+    const int64_t value = (n_kv + h / group) * hd;
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      const __m512 p0 = _mm512_set1_ps(sc[i]), p1 = _mm512_set1_ps(sc[i + 1]);
+      const float* v0 = slots[i] + value;
+      const float* v1 = slots[i + 1] + value;
+      for (int j = 0; j < V; ++j) {
+        even[j] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * j), even[j]);
+        odd[j] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * j), odd[j]);
+      }
+    }
+    if (i < n) {
+      const __m512 p = _mm512_set1_ps(sc[i]);
+      for (int j = 0; j < V; ++j)
+        even[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(slots[i] + value + 16 * j), even[j]);
+    }
+    for (int j = 0; j < V; ++j)
+      _mm512_storeu_ps(ob + h * hd + 16 * j, _mm512_add_ps(even[j], odd[j]));
+  }
+}
+
+template <int V>
+void attend_end(float* ob, const float* total, int64_t n_heads) {
+  constexpr int64_t hd = 16 * V;
   for (int64_t h = 0; h < n_heads; ++h) {
     const __m512 inv = _mm512_set1_ps(1.f / total[h]);
     for (int j = 0; j < V; ++j)
       _mm512_storeu_ps(ob + h * hd + 16 * j, _mm512_mul_ps(_mm512_loadu_ps(ob + h * hd + 16 * j), inv));
   }
+}
+
+// One query against its sequence's ctx keys.
+template <int V>
+void attend_sequence(const float* qb, float* ob, const Keys& keys, int64_t ctx, int64_t n_heads,
+                     int64_t n_kv, float* scores, float* top, float* total) {
+  attend_begin(ob, top, total, n_heads, 16 * V);
+  const float* slots[kSpan];
+  for (int64_t first = 0; first < ctx; first += kSpan) {
+    const int64_t n = std::min(kSpan, ctx - first);
+    keys.span(first, n, ctx, slots);
+    attend_span<V>(qb, ob, slots, n, n_heads, n_kv, scores, top, total);
+  }
+  attend_end<V>(ob, total, n_heads);
+}
+
+// Consecutive rows of one prompt, row r at position first_pos + r (keys up to its own): each
+// row's spans as attend_sequence computes them, taken span by span across the rows, so that a
+// span's keys, read once from memory, serve every row that reaches them.
+template <int V>
+void attend_rows(const float* q, int64_t q_stride, float* out, const Keys& keys, int64_t first_pos,
+                 int64_t rows, int64_t n_heads, int64_t n_kv, float* scores, float* top,
+                 float* total) {
+  constexpr int64_t hd = 16 * V;
+  for (int64_t r = 0; r < rows; ++r)
+    attend_begin(out + r * n_heads * hd, top + r * n_heads, total + r * n_heads, n_heads, hd);
+  const int64_t last_ctx = first_pos + rows;
+  const float* slots[kSpan];
+  for (int64_t first = 0; first < last_ctx; first += kSpan) {
+    keys.span(first, std::min(kSpan, last_ctx - first), last_ctx, slots);
+    // Rows whose keys end before this span are done; the rest each take their part of it.
+    for (int64_t r = std::max<int64_t>(0, first - first_pos); r < rows; ++r) {
+      const int64_t n = std::min(kSpan, first_pos + r + 1 - first);
+      attend_span<V>(q + r * q_stride, out + r * n_heads * hd, slots, n, n_heads, n_kv, scores,
+                     top + r * n_heads, total + r * n_heads);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) attend_end<V>(out + r * n_heads * hd, total + r * n_heads, n_heads);
 }
 
 // Query row b (n_heads x hd floats) at q + b * q_stride; pool: (slots, 2, n_kv, hd); tables:
@@ -570,8 +625,82 @@ at::Tensor decode_attention(const float* q, int64_t q_stride, int64_t batch, int
     std::vector<float> scores(n_heads * kSpan), top(n_heads), total(n_heads);
     for (int64_t b = b0; b < b1; ++b) {
       auto attend = hd == 64 ? attend_sequence<4> : attend_sequence<8>;
-      attend(q + b * q_stride, os + b * n_heads * hd, kv, table + b * max_blocks, lens[b],
-             block_size, n_heads, n_kv, scores.data(), top.data(), total.data());
+      const Keys keys{kv, table + b * max_blocks, block_size, 2 * n_kv * hd};
+      attend(q + b * q_stride, os + b * n_heads * hd, keys, lens[b], n_heads, n_kv,
+             scores.data(), top.data(), total.data());
+    }
+  });
+  return out;
+}
+
+// q: (T, n_heads, hd), the step's rows, sequence by sequence: sequence s's lengths[s] rows at
+// positions starts[s] on, its keys (its own rows' included, already stored) read through
+// tables[s]. Each row as paged_decode would compute it at its position. The rows are cut into
+// pieces of about equal work (a row's work is its context), at least kMinPiece rows each, so that
+// the threads finish together and a piece's rows share each span of keys.
+constexpr int64_t kMinPiece = 16;
+
+at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
+                         const at::Tensor& starts, const at::Tensor& lengths, int64_t block_size) {
+  check_rows(q, "q");
+  check_rows(pool, "pool");
+  TORCH_CHECK(pool.dim() == 4 && pool.size(1) == 2, "pool must be (slots, 2, n_kv, hd)");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == pool.size(3), "q must be (T, n_heads, hd) like the pool");
+  const int64_t n_seqs = tables.size(0);
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 2,
+              "tables must be (S, max_blocks) int64");
+  for (const at::Tensor* t : {&starts, &lengths})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == n_seqs,
+                "starts and lengths must be (S,) int64");
+  const int64_t n_heads = q.size(1), n_kv = pool.size(2), hd = pool.size(3);
+  const int64_t max_blocks = tables.size(1), num_slots = pool.size(0);
+  TORCH_CHECK(n_heads % n_kv == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(hd == 64 || hd == 128, "head dim must be 64 or 128");
+  const int64_t* first = starts.data_ptr<int64_t>();
+  const int64_t* count = lengths.data_ptr<int64_t>();
+  const int64_t* table = tables.data_ptr<int64_t>();
+  int64_t rows = 0, work = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const int64_t ctx = first[s] + count[s];
+    TORCH_CHECK(first[s] >= 0 && count[s] >= 1 && ctx <= max_blocks * block_size,
+                "context length " + std::to_string(ctx) + " does not fit its block table");
+    for (int64_t i = 0; i < (ctx + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(table[s * max_blocks + i] >= 0 &&
+                      (table[s * max_blocks + i] + 1) * block_size <= num_slots,
+                  "block " + std::to_string(table[s * max_blocks + i]) + " is outside the pool");
+    rows += count[s];
+    work += count[s] * first[s] + count[s] * (count[s] + 1) / 2;
+  }
+  TORCH_CHECK(rows == q.size(0), "q has " + std::to_string(q.size(0)) + " rows, the sequences " +
+                                     std::to_string(rows));
+  struct Piece {
+    int64_t seq, row, first_pos, rows;
+  };
+  std::vector<Piece> pieces;
+  const int64_t share = std::max<int64_t>(1, work / (4 * at::get_num_threads()));
+  for (int64_t s = 0, row = 0; s < n_seqs; row += count[s], ++s) {
+    for (int64_t r = 0; r < count[s];) {
+      int64_t end = r, piece_work = 0;
+      while (end < count[s] && (end - r < kMinPiece || piece_work < share))
+        piece_work += first[s] + ++end;
+      pieces.push_back({s, row + r, first[s] + r, end - r});
+      r = end;
+    }
+  }
+  at::Tensor out = at::empty({rows, n_heads, hd}, pool.options());
+  const float* kv = pool.data_ptr<float>();
+  const float* qs = q.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> scores(n_heads * kSpan), top, total;
+    for (int64_t p = p0; p < p1; ++p) {
+      const Piece& piece = pieces[p];
+      top.resize(piece.rows * n_heads);
+      total.resize(piece.rows * n_heads);
+      const Keys keys{kv, table + piece.seq * max_blocks, block_size, 2 * n_kv * hd};
+      auto attend = hd == 64 ? attend_rows<4> : attend_rows<8>;
+      attend(qs + piece.row * n_heads * hd, n_heads * hd, os + piece.row * n_heads * hd, keys,
+             piece.first_pos, piece.rows, n_heads, n_kv, scores.data(), top.data(), total.data());
     }
   });
   return out;
@@ -661,4 +790,7 @@ TORCH_LIBRARY(tandem, m) {
   m.def("paged_decode(Tensor q, Tensor pool, Tensor tables, Tensor context_lens, int block_size) "
         "-> Tensor",
         paged_decode);
+  m.def("paged_prefill(Tensor q, Tensor pool, Tensor tables, Tensor starts, Tensor lengths, "
+        "int block_size) -> Tensor",
+        paged_prefill);
 }

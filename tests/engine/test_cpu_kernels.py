@@ -141,6 +141,63 @@ def test_paged_decode_refuses_a_block_outside_the_pool() -> None:
         torch.ops.tandem.paged_decode(q, pool, torch.tensor([[0]]), torch.tensor([17]), 16)
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_paged_prefill_rows_equal_decodes_at_their_positions_bit_for_bit(
+    hd: int, block_size: int
+) -> None:
+    """A step of prompts (whole, chunks after cached positions, one of more than 64 rows so
+    that rows share spans and pieces split it) and a decode: each row is what paged_decode
+    computes for a query at that position, exactly, and close to causal SDPA."""
+    heads, kv = 6, 2
+    spans = [(0, 150), (37, 29), (64, 1), (5, 70)]  # (first position, rows) of each sequence
+    gen = torch.Generator().manual_seed(hd * block_size)
+    order = torch.randperm(200, generator=gen).tolist()
+    tables, used = [], 0
+    for start, length in spans:
+        need = -(-(start + length) // block_size)
+        tables.append(order[used : used + need])
+        used += need
+    pool = torch.randn(200 * block_size, 2, kv, hd, generator=gen)
+    q = torch.randn(sum(n for _, n in spans), heads, hd, generator=gen)
+    starts, lengths = [s for s, _ in spans], [n for _, n in spans]
+    meta = build_metadata(
+        starts, lengths, tables, block_size, torch.device("cpu"),
+        cpu_kernels.PagedDecode(block_size), cpu_kernels.PagedPrefill(block_size),
+    )  # fmt: skip
+    assert meta.rowwise is not None
+    rows = meta.rowwise.attend(q, pool)
+    decode = cpu_kernels.PagedDecode(block_size)
+    row = 0
+    for (start, length), table in zip(spans, tables, strict=True):
+        padded = torch.tensor([table] * length)
+        positions = torch.arange(start + 1, start + length + 1)
+        as_decodes = decode(q[row : row + length], pool, padded, positions)
+        assert torch.equal(rows[row : row + length], as_decodes)
+        slots = torch.tensor([table[p // block_size] * block_size + p % block_size
+                              for p in range(start + length)])  # fmt: skip
+        keys, values = pool[slots, 0].transpose(0, 1), pool[slots, 1].transpose(0, 1)
+        mask = torch.arange(start + length)[None, :] <= positions[:, None] - 1
+        expected = F.scaled_dot_product_attention(
+            q[row : row + length].transpose(0, 1), keys, values, attn_mask=mask, enable_gqa=True
+        ).transpose(0, 1)
+        assert torch.allclose(rows[row : row + length], expected, atol=1e-5)
+        row += length
+
+
+def test_paged_prefill_refuses_rows_its_sequences_do_not_have() -> None:
+    pool, q = torch.randn(32, 2, 1, 64), torch.randn(3, 2, 64)
+    tables, starts = torch.tensor([[0, 1]]), torch.tensor([0])
+    with pytest.raises(RuntimeError, match="q has 3 rows, the sequences 2"):
+        torch.ops.tandem.paged_prefill(q, pool, tables, starts, torch.tensor([2]), 16)
+    with pytest.raises(RuntimeError, match="does not fit its block table"):
+        torch.ops.tandem.paged_prefill(q, pool, tables, torch.tensor([30]), torch.tensor([3]), 16)
+    with pytest.raises(RuntimeError, match="outside the pool"):  # positions 14-16: blocks 0, 2
+        torch.ops.tandem.paged_prefill(
+            q, pool, torch.tensor([[0, 2]]), torch.tensor([14]), torch.tensor([3]), 16
+        )
+
+
 def test_a_lock_left_by_a_killed_process_does_not_stop_the_next_load(tmp_path: Path) -> None:
     """torch's build lock is a file: a worker killed while it held it used to leave every later
     worker waiting on it forever. A copy of this machine's build, with such a file in it, loads."""
