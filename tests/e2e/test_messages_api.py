@@ -65,8 +65,6 @@ def test_a_message_is_the_chat_completion_of_its_conversation(
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "Name a colour."},
     ]
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    chat_of(served, conversation)
     message = sdk.messages.create(
         **GREEDY, system="Answer briefly.", messages=[{"role": "user", "content": "Name a colour."}]
     )
@@ -86,8 +84,6 @@ def test_a_message_is_the_chat_completion_of_its_conversation(
 def test_a_streamed_message_is_the_whole_one_event_by_event(sdk: anthropic.Anthropic) -> None:
     sea = [{"type": "text", "text": "Write about the sea.", "cache_control": {"type": "ephemeral"}}]
     asked: dict[str, Any] = {**GREEDY, "messages": [{"role": "user", "content": sea}]}
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    sdk.messages.create(**asked)
     whole = sdk.messages.create(**asked)
     events = list(sdk.messages.create(**asked, stream=True))
     kinds = [e.type for e in events]
@@ -108,8 +104,6 @@ def test_a_streamed_message_is_the_whole_one_event_by_event(sdk: anthropic.Anthr
 
 def test_a_stop_sequence_ends_the_message_and_is_named(sdk: anthropic.Anthropic) -> None:
     asked: dict[str, Any] = {**GREEDY, "max_tokens": 24, "messages": [ASK]}
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    sdk.messages.create(**asked)
     (said,) = sdk.messages.create(**asked).content
     assert said.type == "text"
     words = said.text.split()
@@ -137,8 +131,6 @@ def test_a_tool_use_goes_out_and_its_result_comes_back(
         **GREEDY, "max_tokens": 64, "messages": [ASK], "tools": [WEATHER],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
     }  # fmt: skip
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    sdk.messages.create(**calling)
     called = sdk.messages.create(**calling)
     (use,) = called.content
     assert use.type == "tool_use" and use.name == "get_weather"

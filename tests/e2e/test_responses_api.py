@@ -48,8 +48,6 @@ def test_a_response_is_the_chat_completion_of_its_input(
     served: Pipeline, sdk: openai.OpenAI
 ) -> None:
     asked = {"instructions": "Answer briefly.", "input": "Name a colour.", **GREEDY}
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    sdk.responses.create(**asked)
     response = sdk.responses.create(**asked)
     chat = chat_of(
         served,
@@ -74,8 +72,6 @@ def test_a_response_is_the_chat_completion_of_its_input(
 
 def test_a_streamed_response_is_the_whole_one_event_by_event(sdk: openai.OpenAI) -> None:
     asked = {"input": [{"role": "user", "content": "Write about the sea."}], **GREEDY}
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    sdk.responses.create(**asked)
     whole = sdk.responses.create(**asked)
     events = list(sdk.responses.create(**asked, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -113,8 +109,6 @@ def test_a_function_call_goes_out_and_its_output_comes_back(
         **GREEDY, "max_output_tokens": 64, "input": [ask], "tools": [WEATHER],
         "tool_choice": "required", "parallel_tool_calls": False,
     }  # fmt: skip
-    # (the prompt once first: every answer compared then finds it whole in the prefix cache)
-    sdk.responses.create(**calling)
     called = sdk.responses.create(**calling)
     (call,) = called.output
     assert call.type == "function_call" and call.name == "get_weather"
