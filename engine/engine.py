@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -173,18 +174,29 @@ class Engine:
         warm_up_tokens: int | None = 2048,
         tp: TensorParallel = SINGLE,
         kv_cache_dtype: str = "auto",
+        max_model_len: int = 0,
     ) -> Engine:
         """kv_cache_bytes 0 sizes the KV cache on CUDA from what the weights leave of
         `gpu_memory_fraction` of the card (activations and graphs get a fixed reserve).
         On CUDA the engine is warmed up (`warm_up`) for steps of up to `warm_up_tokens` new
         tokens (the scheduler's step budget); None skips that. With `tp`, this rank's shard
         (on CUDA on the device `device` + rank), with as many KV blocks as every rank has room
-        for; a group is started by engine/rank_group.py, which warms it up once all follow."""
+        for; a group is started by engine/rank_group.py, which warms it up once all follow.
+        max_model_len: the longest sequence (prompt and output) served, at most the model's
+        context; 0: the model's."""
         started = time.perf_counter()
         torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
         torch_device = rank_device(torch_device, tp.rank)
         kv_dtype = pool_dtype(kv_cache_dtype, torch_dtype)
         loaded = load_model(path, torch_device, torch_dtype, progress, quantize, tp)
+        if max_model_len:
+            context = loaded.config.max_seq_len
+            if not 1 < max_model_len <= context:
+                raise InvalidRequest(
+                    "max_model_len",
+                    f"must be in [2, {context}] (the model's context), got {max_model_len}",
+                )
+            loaded.config = replace(loaded.config, max_seq_len=max_model_len)
         load_s = time.perf_counter() - started
         # kv_cache_bytes is each rank's: a rank's blocks hold its KV heads only.
         per_block = KVCache.bytes_per_block(loaded.model.config, block_size, kv_dtype)

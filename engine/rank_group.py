@@ -67,6 +67,7 @@ class EngineArgs:
     warm_up_tokens: int | None = 2048
     progress: bool = True
     kv_cache_dtype: str = "auto"
+    max_model_len: int = 0  # the longest sequence served; 0: the model's context
     # Torch threads of each other rank on CPU; None: the cores shared evenly among the ranks.
     follower_threads: int | None = None
     # Bounds every collective, the last resort against a rank that hangs without dying (a dead

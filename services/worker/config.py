@@ -56,6 +56,11 @@ class EngineSettings:
         1024, "KV cache memory in MiB (0 on CUDA: what the weights leave of --gpu-memory-fraction)"
     )
     block_size: int = flag(16, "tokens per KV block")
+    max_model_len: int = flag(
+        0,
+        "the longest sequence served, prompt and output, in tokens (0: the model's context); "
+        "a longer prompt is refused, an output stops there",
+    )
     enforce_eager: bool = flag(
         False, "no CUDA graphs (decode steps, and steps with prompts in pieces)"
     )
@@ -92,6 +97,8 @@ class EngineSettings:
             raise ValueError("threads must be >= 0")
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be at least 1")
+        if self.max_model_len < 0 or self.max_model_len == 1:
+            raise ValueError(f"max_model_len must be 0 or at least 2, got {self.max_model_len}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
 
@@ -120,6 +127,7 @@ class EngineSettings:
             warm_up_tokens,
             progress=False,
             kv_cache_dtype=self.kv_cache_dtype,
+            max_model_len=self.max_model_len,
         )
 
 

@@ -26,6 +26,7 @@ from services.tokenizer.http.messages import chat_form as message_chat
 from services.tokenizer.http.messages import renamed as message_renamed
 from services.tokenizer.http.messages_output import MessageAnswer
 from services.tokenizer.http.responses import (
+    ChatForm,
     InputTokens,
     InputTokensRequest,
     ResponsesRequest,
@@ -34,6 +35,7 @@ from services.tokenizer.http.responses import (
 )
 from services.tokenizer.http.responses_output import ResponseAnswer
 from services.tokenizer.http.tool_formats import ToolFormat
+from services.tokenizer.http.truncation import truncated
 from services.tokenizer.tokenizing import tokenize
 from tandem.v1 import generation_pb2 as pb
 
@@ -76,9 +78,24 @@ def chat_api_routes(
         (request,) = plan.requests
         return len(await tokenize(a, pb.TokenizeRequest(chat=request.chat, model=request.model)))
 
+    async def responses_form(body: ResponsesRequest) -> ChatForm:
+        """The chat of a Responses request, its oldest turns dropped where it asks for
+        truncation auto and does not fit (once the context is known: attached)."""
+        form = chat_form(body)
+        if body.truncation != "auto" or not a.max_seq_len:
+            return form
+
+        async def count(cut: ChatForm) -> int:
+            try:
+                return await counted(plan_of(cut.chat, "count"))
+            except InvalidRequest as err:
+                raise renamed(err, cut.where) from None
+
+        return await truncated(form, count, a.max_seq_len)
+
     @router.post("/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
-        form = chat_form(body)
+        form = await responses_form(body)
         request_id = request.state.request_id
         answer = ResponseAnswer(body, request_id, a.model_name, a.tokenizer)
         try:
@@ -88,7 +105,7 @@ def chat_api_routes(
 
     @router.post("/responses/input_tokens", response_model=InputTokens)
     async def responses_input_tokens(body: InputTokensRequest) -> dict[str, Any]:
-        form = chat_form(body.as_response())
+        form = await responses_form(body.as_response())
         try:
             count = await counted(plan_of(form.chat, "count"))
         except InvalidRequest as err:

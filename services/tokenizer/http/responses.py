@@ -68,7 +68,7 @@ class ResponsesRequest(_Request):
     stream: bool | None = None
     store: bool | None = None  # refused when true: tandem keeps no responses
     previous_response_id: str | None = None  # refused, for the same reason
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["disabled", "auto"] | None = None  # auto: truncation.py
     metadata: dict[str, str] | None = None  # returned as given
     user: str | None = None
     # OpenAI's, taken and needed by none: tandem has one service tier, its prefix cache keeps
@@ -95,7 +95,7 @@ class InputTokensRequest(_Request):
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
     previous_response_id: str | None = None  # refused: tandem keeps no responses
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["disabled", "auto"] | None = None  # auto: truncation.py
     reasoning: dict[str, Any] | None = None  # refused unless empty
 
     def as_response(self) -> ResponsesRequest:

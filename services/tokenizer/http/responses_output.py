@@ -67,7 +67,7 @@ class ResponseAnswer:
             "tools": tools,
             "top_p": body.top_p,
             "top_logprobs": body.top_logprobs,
-            "truncation": "disabled",
+            "truncation": body.truncation or "disabled",
             "usage": self.usage,
             "user": body.user,
         }  # fmt: skip
