@@ -295,6 +295,9 @@ def test_a_bad_setting_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="kv_cache_mb 0 sizes the KV cache on CUDA only"):
         parse_serve(["--kv-cache-mb", "0"])  # on the CPU, the default device
     assert parse_serve(["--kv-cache-mb", "0", "--device", "cuda"]).engine.kv_cache_mb == 0
+    with pytest.raises(ValueError, match="max_model_len must be 0 or at least 2, got 1"):
+        parse_serve(["--max-model-len", "1"])
+    assert parse_serve(["--max-model-len", "512"]).engine.max_model_len == 512
 
 
 @pytest.mark.slow
