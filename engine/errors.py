@@ -25,6 +25,13 @@ class InvalidRequest(EngineError, ValueError):
         self.field = field
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """A prompt, or a prompt and the tokens asked for, longer than the context served. OpenAI's
+    API gives it its own code, which clients read to shorten a conversation and try again."""
+
+    code = "context_length_exceeded"
+
+
 class RankGroupError(EngineError):
     """A rank of a tensor-parallel group died or could not start: the group cannot step again
     and must be started afresh (engine/rank_group.py)."""

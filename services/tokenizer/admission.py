@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 from grpc import aio
 
-from engine.errors import InvalidRequest
+from engine.errors import ContextLengthExceeded, InvalidRequest
 from engine.sampling_params import MAX_BAD_WORDS_IDS, SamplingParams
 from engine.tokenizer import Tokenizer
 from services.errors import ResourceExhausted, ServiceError, Unavailable
@@ -280,7 +280,7 @@ class Admission:
             bos = self.tokenizer.bos_token_id
             ids = [bos, *ids[len(ids) - keep + 1 :]] if ids[0] == bos and keep > 1 else ids[-keep:]
         if len(ids) >= self.max_seq_len:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 "prompt",
                 f"{len(ids)} tokens do not fit the model's context of {self.max_seq_len}"
                 f"{TRUNCATE_HINT}",
@@ -300,7 +300,7 @@ class Admission:
     def _max_tokens(self, spec: GenerateSpec, prompt_len: int) -> int:
         room = self.max_seq_len - prompt_len
         if spec.sampling.min_tokens > room:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 "min_tokens",
                 f"{prompt_len} prompt tokens + {spec.sampling.min_tokens} exceed the model's "
                 f"context of {self.max_seq_len}",
@@ -308,7 +308,7 @@ class Admission:
         if spec.max_tokens is None:
             return min(max(DEFAULT_MAX_TOKENS, spec.sampling.min_tokens), room)
         if spec.max_tokens > room:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 "max_tokens",
                 f"{prompt_len} prompt tokens + {spec.max_tokens} exceed the model's context of "
                 f"{self.max_seq_len}; ask for at most {room}",

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import InvalidRequest
+from engine.errors import ContextLengthExceeded, InvalidRequest
 from engine.guided import OutputFormat
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from tandem.v1 import generation_pb2 as pb
@@ -136,7 +136,7 @@ def parse_generate(
         if not req.text:
             raise InvalidRequest("prompt.text", "is empty")
         if len(req.text) > max_chars:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 "prompt.text", f"{len(req.text)} characters cannot fit the context"
             )
         text = req.text
@@ -153,7 +153,7 @@ def parse_generate(
         if keep is not None:
             prompt_ids = prompt_ids[-keep:]
         if len(prompt_ids) >= max_seq_len:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 "prompt.token_ids",
                 f"{len(prompt_ids)} tokens do not fit the context of {max_seq_len}{TRUNCATE_HINT}",
             )
@@ -225,7 +225,7 @@ def chat_tools(chat: pb.ChatMessages, max_chars: int) -> list[Any] | None:
     if not chat.tools:
         return None
     if len(chat.tools) > max_chars:
-        raise InvalidRequest(
+        raise ContextLengthExceeded(
             "prompt.chat.tools", f"{len(chat.tools)} characters cannot fit the context"
         )
     try:
@@ -302,7 +302,7 @@ def chat_messages(chat: pb.ChatMessages, max_chars: int) -> list[dict[str, Any]]
             said["tool_call_id"] = message.tool_call_id
         out.append(said)
     if total > max_chars:
-        raise InvalidRequest("prompt.chat", f"{total} characters cannot fit the context")
+        raise ContextLengthExceeded("prompt.chat", f"{total} characters cannot fit the context")
     return out
 
 

@@ -50,13 +50,32 @@ def test_the_shorter_context_is_reported_and_held(served: Pipeline) -> None:
     too_long = {"prompt": "one two three " * 120, "max_tokens": 4}  # ~360 tokens
     refused = httpx.post(f"{served.http_url}/completions", json=too_long, timeout=60)
     assert refused.status_code == 400
-    assert f"context of {CONTEXT}" in refused.json()["error"]["message"]
+    error = refused.json()["error"]
+    assert f"context of {CONTEXT}" in error["message"]
+    assert error["code"] == "context_length_exceeded"  # what clients read to shorten and retry
+    # Asking for more than the context leaves after the prompt is the same error.
+    more = {"prompt": "one two three", "max_tokens": CONTEXT - 2}
+    refused = httpx.post(f"{served.http_url}/completions", json=more, timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    # Anthropic's API says it as Anthropic does.
+    asked = {
+        "model": "",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": too_long["prompt"]}],
+    }
+    refused = httpx.post(f"{served.http_url}/messages", json=asked, timeout=60)
+    assert refused.status_code == 400
+    said = refused.json()["error"]
+    assert said["type"] == "invalid_request_error"
+    assert said["message"].startswith("prompt is too long: ")
 
 
 def test_truncation_auto_drops_the_oldest_turns_to_fit(sdk: openai.OpenAI) -> None:
     long = conversation(16)  # ~400 tokens: more than the context
-    with pytest.raises(openai.BadRequestError, match=f"context of {CONTEXT}"):
+    with pytest.raises(openai.BadRequestError, match=f"context of {CONTEXT}") as err:
         sdk.responses.create(input=long, instructions="Be brief.", **GREEDY)  # type: ignore[arg-type]
+    assert err.value.code == "context_length_exceeded"
     counted = sdk.responses.input_tokens.count(
         input=long,  # type: ignore[arg-type]
         instructions="Be brief.",
@@ -88,3 +107,4 @@ def test_a_last_turn_longer_than_the_context_is_refused_by_name(sdk: openai.Open
     with pytest.raises(openai.BadRequestError, match="truncation auto cannot") as err:
         sdk.responses.create(input=huge, truncation="auto", **GREEDY)  # type: ignore[arg-type]
     assert err.value.body["param"] == "input"  # type: ignore[index]
+    assert err.value.code == "context_length_exceeded"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidRequest
+from engine.errors import ContextLengthExceeded, InvalidRequest
 from services.tokenizer.http.responses import ChatForm, ResponsesRequest, chat_form
 from services.tokenizer.http.truncation import truncated
 
@@ -71,11 +71,25 @@ def test_a_last_turn_too_long_alone_is_refused_by_name() -> None:
     form = form_of([user("a"), assistant("b"), user("c" * 50)])
     with pytest.raises(InvalidRequest, match="truncation auto cannot") as err:
         cut(form, context=40)
-    assert err.value.field == "input" and "prompt tokens do not fit the context of 40" in str(
-        err.value
-    )
+    assert err.value.field == "input" and "does not fit the context of 40 tokens" in str(err.value)
+    assert isinstance(err.value, ContextLengthExceeded)
     with pytest.raises(InvalidRequest, match="truncation auto cannot"):  # no turn to cut at
         cut(form_of([user("c" * 50)]), context=40)
+
+
+def test_a_form_refused_before_counting_counts_as_too_long() -> None:
+    """The tokenizer refuses a conversation of more characters than any context holds before
+    counting it: truncation then cuts, as it does for one counted too long."""
+    form = form_of([user("a" * 90), assistant("b"), user("c")])
+
+    async def count(f: ChatForm) -> int:
+        total = sum(len(m.content or "") for m in f.chat.messages)
+        if total > 50:
+            raise ContextLengthExceeded("prompt.chat", f"{total} characters cannot fit")
+        return total
+
+    kept = asyncio.run(truncated(form, count, 40))
+    assert [m.content for m in kept.chat.messages] == ["Be brief.", "c"]
 
 
 def test_bisection_counts_a_long_conversation_a_few_times() -> None:

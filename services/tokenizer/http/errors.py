@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from engine.errors import ContextLengthExceeded
 from services.errors import status_of
 
 log = logging.getLogger(__name__)
@@ -119,9 +120,12 @@ def anthropic_error(body: ErrorBody) -> dict[str, Any]:
     """An error body as Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
     error = body["error"]
     kind = _ANTHROPIC_TYPE.get(str(error["type"]), "api_error")
+    message = str(error["message"])
     if error["code"] == "model_not_found":
         kind = "not_found_error"
-    return {"type": "error", "error": {"type": kind, "message": error["message"]}}
+    elif error["code"] == ContextLengthExceeded.code:
+        message = f"prompt is too long: {message}"  # what Anthropic's clients look for
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def error_body(
@@ -166,4 +170,5 @@ def http_error(err: BaseException, chat: bool) -> tuple[int, ErrorBody]:
         prefix = f"{field}: "
         if message.startswith(prefix):
             message = f"{param}: {message[len(prefix) :]}"
-    return http, error_body(http, message, param)
+    code_name = ContextLengthExceeded.code if isinstance(err, ContextLengthExceeded) else None
+    return http, error_body(http, message, param, code_name)

@@ -291,7 +291,7 @@ def renamed(err: InvalidRequest, where: list[str]) -> InvalidRequest:
     """An error of the chat completion, naming the Messages request's field."""
     chat_field = openai_field(err.field, chat=True)
     message = str(err).removeprefix(f"{err.field}: ")
-    return InvalidRequest(messages_field(chat_field, where), message)
+    return type(err)(messages_field(chat_field, where), message)  # its kind (and code) kept
 
 
 def messages_field(chat_field: str, where: list[str]) -> str:

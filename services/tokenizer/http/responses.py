@@ -257,7 +257,7 @@ def renamed(err: InvalidRequest, where: list[int | None]) -> InvalidRequest:
     """An error of the chat completion, naming the Responses request's field."""
     chat_field = openai_field(err.field, chat=True)
     message = str(err).removeprefix(f"{err.field}: ")
-    return InvalidRequest(responses_field(chat_field, where), message)
+    return type(err)(responses_field(chat_field, where), message)  # its kind (and code) kept
 
 
 def responses_field(chat_field: str, where: list[int | None]) -> str:

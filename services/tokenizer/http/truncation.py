@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from engine.errors import InvalidRequest
+from engine.errors import ContextLengthExceeded
 from services.tokenizer.http.responses import ChatForm
 
 SYSTEM = ("system", "developer")
@@ -31,26 +31,32 @@ async def truncated(
     form: ChatForm, count: Callable[[ChatForm], Awaitable[int]], context: int
 ) -> ChatForm:
     """`form` as it is where its prompt leaves a token of the `context` to generate; else with
-    the fewest oldest turns dropped that make it so. Raises InvalidRequest naming `input` where
-    even its last user turn onward does not fit."""
+    the fewest oldest turns dropped that make it so. Raises ContextLengthExceeded naming
+    `input` where even its last user turn onward does not fit."""
     limit = context - 1
-    counted = await count(form)
-    if counted <= limit:
+
+    async def fits(cut: ChatForm) -> bool:
+        try:
+            return await count(cut) <= limit
+        except ContextLengthExceeded:  # refused before it was counted: far too long
+            return False
+
+    if await fits(form):
         return form
     messages = form.chat.messages
     first = next((k for k, m in enumerate(messages) if m.role not in SYSTEM), len(messages))
     cuts = [k for k, m in enumerate(messages) if m.role == "user" and k > first]
-    if not cuts or await count(_cut(form, cuts[-1])) > limit:
-        raise InvalidRequest(
+    if not cuts or not await fits(_cut(form, cuts[-1])):
+        raise ContextLengthExceeded(
             "input",
-            f"{counted} prompt tokens do not fit the context of {context}, and truncation "
-            "auto cannot make them: the system messages and the last user turn onward alone "
+            f"the conversation does not fit the context of {context} tokens, and truncation "
+            "auto cannot make it: the system messages and the last user turn onward alone "
             "do not fit",
         )
     low, high = 0, len(cuts) - 1  # cuts[high] fits; find the earliest cut that does
     while low < high:
         middle = (low + high) // 2
-        if await count(_cut(form, cuts[middle])) <= limit:
+        if await fits(_cut(form, cuts[middle])):
             high = middle
         else:
             low = middle + 1
