@@ -394,6 +394,28 @@ def test_errors_surface_as_the_sdks_exceptions(sdk: openai.OpenAI) -> None:
         sdk.completions.create(model="", prompt=PROMPT, max_tokens=10**6)
 
 
+def test_a_path_or_method_not_served_is_named_with_what_is(served: Pipeline) -> None:
+    """An endpoint tandem does not serve (embeddings) is a 404 naming the URL and the served
+    routes, not an unknown model's code; a wrong method is a 405 naming the right one."""
+    with httpx.Client(base_url=served.http_url, timeout=60) as http:
+        missing = http.post("/embeddings", json={"input": "hi"})
+        error = missing.json()["error"]
+        assert missing.status_code == 404 and error["code"] is None
+        assert error["message"].startswith("Invalid URL (POST /v1/embeddings): this server serves")
+        assert "POST /v1/chat/completions" in error["message"]
+        assert "GET /v1/models" in error["message"]
+        wrong = http.get("/chat/completions")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+        assert wrong.json()["error"] == {
+            "message": "GET /v1/chat/completions is not allowed: use POST",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+        anthropic = http.get("/messages").json()  # in Anthropic's shape on its route
+        assert anthropic["error"]["type"] == "invalid_request_error"
+
+
 def test_request_id_is_taken_and_echoed(served: Pipeline) -> None:
     body = {"messages": CHAT, "max_tokens": 2}
     with httpx.Client(base_url=served.http_url, timeout=60) as http:

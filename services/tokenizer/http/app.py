@@ -47,6 +47,7 @@ from services.tokenizer.http.errors import (
     error_body,
     error_headers,
     http_error,
+    unknown_route,
     validation_error,
 )
 from services.tokenizer.http.generations import Generations
@@ -159,11 +160,22 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_exception(request: Request, err: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            shaped(request, error_body(err.status_code, str(err.detail))),
-            status_code=err.status_code,
-            headers=err.headers,
-        )
+        body = error_body(err.status_code, str(err.detail))
+        if type(err) is HTTPException and err.status_code in (404, 405):  # routing's own
+            allowed = (err.headers or {}).get("Allow") if err.status_code == 405 else None
+            body = unknown_route(request.method, request.url.path, allowed, served_routes())
+        return JSONResponse(shaped(request, body), status_code=err.status_code, headers=err.headers)
+
+    def served_routes() -> list[str]:
+        """The API's own routes, as "POST /v1/chat/completions" (from the OpenAPI schema: the
+        routers' routes are not listed one by one in app.routes)."""
+        paths = app.openapi()["paths"]
+        return [
+            f"{method.upper()} {path}"
+            for path, operations in paths.items()
+            if path.startswith("/v1/")
+            for method in operations
+        ]
 
     def require_key(request: Request, authorization: str | None = Header(default=None)) -> None:
         if keys.allows(authorization):

@@ -36,6 +36,7 @@ ERROR_TYPE = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     408: "timeout",
     409: "invalid_request_error",
     413: "invalid_request_error",
@@ -149,6 +150,18 @@ _HEADERS = {
     429: {"Retry-After": str(RETRY_AFTER_S)},
     503: {"Retry-After": str(RETRY_AFTER_S)},
 }
+
+
+def unknown_route(method: str, path: str, allowed: str | None, served: Sequence[str]) -> ErrorBody:
+    """The answer to a request routing found no handler for: a path not served (404, as
+    OpenAI's "Invalid URL (POST /v1/x)", naming what is served; no code, since an unknown model
+    is what model_not_found means), or a method the path does not take (405, naming those it
+    does: `allowed`, the Allow header)."""
+    if allowed is not None:
+        return error_body(405, f"{method} {path} is not allowed: use {allowed}")
+    body = error_body(404, f"Invalid URL ({method} {path}): this server serves {', '.join(served)}")
+    body["error"]["code"] = None
+    return body
 
 
 def error_headers(status: int) -> dict[str, str] | None:
