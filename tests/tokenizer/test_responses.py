@@ -118,6 +118,25 @@ def test_a_request_the_chat_cannot_carry_is_refused_by_name(
     assert err.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("tool", "message"),
+    [
+        ({"type": "web_search"}, "Input should be 'function'"),  # a built-in tool: its kind
+        ({"type": "function"}, "Field required"),  # a function without its name
+    ],
+)
+def test_a_tool_of_another_kind_is_named_by_its_type(tool: dict[str, Any], message: str) -> None:
+    from pydantic import ValidationError
+
+    from services.tokenizer.http.errors import validation_error
+
+    with pytest.raises(ValidationError) as failed:
+        ResponsesRequest(input="hi", tools=[tool])
+    param, got = validation_error(failed.value.errors())
+    assert param == ("tools[0].type" if "web" in tool["type"] else "tools[0].name")
+    assert message in got
+
+
 def test_the_chats_errors_name_the_responses_fields() -> None:
     where: list[int | None] = [None, 0, 3]
     assert responses_field("messages[2].content", where) == "input[3].content"

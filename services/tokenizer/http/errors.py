@@ -90,7 +90,11 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     same = [e for e in errors if field(e) == field(errors[0])]
     first = max(
         same,
-        key=lambda e: (not _TYPE_MISMATCH.search(str(e.get("type"))), len(e.get("loc", ()))),
+        key=lambda e: (
+            _is_kind(e),
+            not _TYPE_MISMATCH.search(str(e.get("type"))),
+            len(e.get("loc", ())),
+        ),
     )
     # The body's own name and the names pydantic gives a union's forms ("list[str]") go.
     path = [p for p in first.get("loc", ()) if p != "body" and not _is_form(p)]
@@ -98,6 +102,14 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     if first.get("type") == "extra_forbidden":
         return param, "is not a parameter tandem supports"
     return param, str(first.get("msg", "is not valid"))
+
+
+def _is_kind(error: Mapping[str, Any]) -> bool:
+    """An object's `type` that is none of those taken ({"type": "web_search"} among tools that
+    must be functions): what the client meant is another kind of thing, which says more than
+    the fields that kind lacks."""
+    loc = error.get("loc", ())
+    return error.get("type") == "literal_error" and bool(loc) and loc[-1] == "type"
 
 
 def _is_form(part: object) -> bool:
