@@ -9,19 +9,13 @@ layout at every batch a CPU serves (bench/RESULTS-cpu.md), so no float copy is k
 
 from __future__ import annotations
 
-import ctypes
-import logging
-
 import torch
 from torch import nn
 
+from engine.memory import huge_page_buffer
 from engine.quant import GROUP, Q4Blocks
 
 ROWS_PER_GROUP = 16  # the kernel's output rows per vector
-HUGE_PAGE = 2 << 20
-MADV_HUGEPAGE = 14  # Linux's madvise advice: back this range with transparent huge pages
-
-log = logging.getLogger(__name__)
 
 
 def grouped_codes(
@@ -84,22 +78,6 @@ class CodesLinear(nn.Module):
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-def _huge_page_buffer(nbytes: int) -> torch.Tensor:
-    """nbytes of uint8 starting on a 2 MiB boundary, asked to be backed by huge pages (Linux;
-    elsewhere, or where refused, plain pages)."""
-    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: no page exists yet
-    start = -raw.data_ptr() % HUGE_PAGE
-    buffer = raw[start : start + nbytes]
-    whole_pages = nbytes // HUGE_PAGE * HUGE_PAGE
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.madvise(ctypes.c_void_p(buffer.data_ptr()), whole_pages, MADV_HUGEPAGE) != 0:
-            log.info("huge pages refused for the weights (errno %d)", ctypes.get_errno())
-    except (OSError, AttributeError):
-        pass
-    return buffer
-
-
 def gather_codes(model: nn.Module) -> int:
     """Move every CodesLinear's tensors into one buffer, in the order the forward pass reads
     them, on huge pages; returns its size in bytes.
@@ -117,7 +95,9 @@ def gather_codes(model: nn.Module) -> int:
     def aligned(t: torch.Tensor) -> int:  # each tensor starts on a cache line
         return -(-t.nbytes // 64) * 64
 
-    buffer = _huge_page_buffer(sum(aligned(getattr(layer, name)) for layer, name in owners))
+    buffer = huge_page_buffer(
+        sum(aligned(getattr(layer, name)) for layer, name in owners), "the weights"
+    )
     offset = 0
     for layer, name in owners:
         tensor = getattr(layer, name)

@@ -224,7 +224,7 @@ def _streamed(
         wm = nmask[:, None] & _within(wk, KW, EVEN)[None, :]
         w = tl.load(rows + wk[None, :], mask=wm, other=0, eviction_policy="evict_first")
         ready = _waited(PDL, ASM)
-        if PROLOGUE == 1:
+        if PROLOGUE == 1:  # noqa: SIM102 - a compile-time branch around a run-time one
             if k0 == 0:
                 rstd = _rstd(x_ptr + ready, sq_ptr + ready, eps, K, N_SQ, BK)
         if INT8:

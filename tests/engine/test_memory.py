@@ -112,3 +112,22 @@ def test_a_reserve_beyond_the_memory_left_names_the_setting_that_asks_for_it(
         memory.check_kv_pool_fits(4 * MIB, 200 * MIB, CPU)
     assert refused.value.field == "max_num_seqs"
     assert "not enough for the 200 MiB kept for activations" in str(refused.value)
+
+
+def test_a_cpu_kv_pool_is_zeroed_and_starts_on_a_huge_page() -> None:
+    from engine.config import ModelConfig
+    from engine.kv_cache import KVCache
+    from engine.memory import HUGE_PAGE, huge_page_buffer
+
+    buffer = huge_page_buffer(3 * HUGE_PAGE + 5, "a test")
+    assert buffer.numel() == 3 * HUGE_PAGE + 5 and buffer.data_ptr() % HUGE_PAGE == 0
+    config = ModelConfig(
+        vocab_size=32, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=128,
+        rope_theta=1e4, rms_norm_eps=1e-5, max_seq_len=64, tie_embeddings=True,
+    )  # fmt: skip
+    kv = KVCache(config, num_blocks=5, block_size=4, dtype=torch.float32, device=CPU)
+    assert kv.pool.shape == (3, 20, 2, 2, 16) and kv.pool.dtype == torch.float32
+    assert kv.pool.is_contiguous() and kv.pool.data_ptr() % HUGE_PAGE == 0
+    assert not kv.pool.any()
+    kv.layer(2)[19] = 1.0  # the last slot of the last layer is inside the buffer
+    assert kv.pool.sum() == 2 * 2 * 16
