@@ -22,7 +22,11 @@ see the very activations the unfused path would.
 Launched with programmatic dependent launch (Hopper): a product's programs may start while the
 previous kernel finishes, fetch their first weight tile (weights never depend on it), and only
 then wait for it. The fetch and the previous kernel's tail overlap, and so do the launches.
-Weights are read once a step, so their loads ask L2 to evict them first.
+Weights are read once a step, so their loads ask L2 to evict them first. A tile may instead
+stream its weights through shared memory (`_streamed`: Triton's pipeliner copies them ahead
+with cp.async, the first few before the wait, which sits inside the loop): more bytes in flight
+across the wait than registers hold. It is a choice for bench.batch1_tiles' variants, not yet
+measured on a GPU, and no product takes it by default.
 
 Int8 weights are read as 32-bit words of four and widened without a conversion instruction
 (int8 → float conversions, and this widening feeding the tensor cores through shared memory,
@@ -291,7 +295,7 @@ def _h200(device: torch.device) -> bool:
     return device.type == "cuda" and "H200" in torch.cuda.get_device_name(device)
 
 
-def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, int, int]:
+def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, ...]:
     """(BN, BK, warps) for an N × K product, the best measured at the LLaMA-3-8B shapes
     (bench/RESULTS-gpu.md): on an H200, and for bf16 also on an H100.
 
@@ -337,7 +341,9 @@ def row_gemv(
     sum of squares being the sum of `squares` (RESIDUAL's partial sums) where given.
     Epilogues: STORE returns (y, None), y (1, N) in out_dtype (default x's dtype); RESIDUAL
     returns (residual + y, its partial sums of squares), residual (1, N); SWIGLU, weight gate
-    rows then up rows (2F, K), returns (silu(gate) * up (1, F), None)."""
+    rows then up rows (2F, K), returns (silu(gate) * up (1, F), None).
+    tile: (rows, inputs, warps) a program, `_tile`'s choice where None; a fourth number streams
+    the weight tiles through shared memory, that many stages (`_streamed`)."""
     n, k = weight.shape
     assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
     int8, fp8 = weight.dtype == torch.int8, weight.dtype == torch.float8_e4m3fn
