@@ -38,13 +38,12 @@ SHAPES = {  # a product's (N, K) as row_gemv sees it
     "down": (DIM, FFN),
     "head": (VOCAB, DIM),
 }
-Tile = tuple[int, ...]
+Tile = tuple[int, int, int]
 
 
 def parse_variant(text: str) -> dict[tuple[int, int], Tile]:
-    """A variant's text, "qkv=8,1024,4 o=8,1024,8,5", as {(N, K): (BN, BK, warps[, stages])}
-    for each named product's shape: stages, where given, stream the weight tiles through
-    shared memory (row_gemv.py)."""
+    """A variant's text, "qkv=8,1024,4 o=8,1024,8", as {(N, K): (BN, BK, warps)} for each
+    named product's shape."""
     tiles = {}
     for part in text.split():
         name, _, tile = part.partition("=")
@@ -53,11 +52,10 @@ def parse_variant(text: str) -> dict[tuple[int, int], Tile]:
                 f"unknown product {name!r}: one of {', '.join(SHAPES)}"
             )
         numbers = tile.split(",")
-        if len(numbers) not in (3, 4) or not all(n.isdigit() and int(n) > 0 for n in numbers):
-            raise argparse.ArgumentTypeError(
-                f"{part!r}: a tile is rows,inputs,warps[,stages] (8,1024,4 or 8,1024,4,5)"
-            )
-        tiles[SHAPES[name]] = tuple(int(n) for n in numbers)
+        if len(numbers) != 3 or not all(n.isdigit() and int(n) > 0 for n in numbers):
+            raise argparse.ArgumentTypeError(f"{part!r}: a tile is rows,inputs,warps (8,1024,4)")
+        bn, bk, warps = (int(n) for n in numbers)
+        tiles[SHAPES[name]] = (bn, bk, warps)
     if not tiles:
         raise argparse.ArgumentTypeError("a variant names at least one product's tile")
     return tiles
@@ -104,8 +102,7 @@ def main() -> None:
         action="append",
         default=[],
         help='tiles to try, as "qkv=8,1024,4 o=8,1024,8" (products: qkv, o, gate_up, down, '
-        "head; a tile: rows,inputs,warps[,stages through shared memory]); repeat for more "
-        "variants",
+        "head; a tile: rows,inputs,warps); repeat for more variants",
     )
     parser.add_argument("--rounds", type=int, default=2, help="each variant's runs (default 2)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps a run (default 128)")

@@ -22,11 +22,9 @@ see the very activations the unfused path would.
 Launched with programmatic dependent launch (Hopper): a product's programs may start while the
 previous kernel finishes, fetch their first weight tile (weights never depend on it), and only
 then wait for it. The fetch and the previous kernel's tail overlap, and so do the launches.
-Weights are read once a step, so their loads ask L2 to evict them first. A tile may instead
-stream its weights through shared memory (`_streamed`: Triton's pipeliner copies them ahead
-with cp.async, the first few before the wait, which sits inside the loop): more bytes in flight
-across the wait than registers hold. It is a choice for bench.batch1_tiles' variants, not yet
-measured on a GPU, and no product takes it by default.
+Weights are read once a step, so their loads ask L2 to evict them first. (Streaming the
+weights through shared memory instead, cp.async stages ahead across the wait, was slower on an
+H200: bench/RESULTS-gpu.md, session 59.)
 
 Int8 weights are read as 32-bit words of four and widened without a conversion instruction
 (int8 → float conversions, and this widening feeding the tensor cores through shared memory,
@@ -193,66 +191,11 @@ def _first_ahead(
 
 
 @triton.jit
-def _waited(PDL: tl.constexpr, ASM: tl.constexpr):
-    """0, once the previous kernel's outputs are complete. A value, not a statement: the loads
-    of activations that add it cannot be moved ahead of the wait, as the pipeliner moves the
-    weights' loads."""
-    if PDL and ASM:
-        ready = tl.inline_asm_elementwise(
-            "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    else:
-        ready = 0
-    return ready
-
-
-@triton.jit
-def _streamed(
-    x_ptr, g_ptr, sq_ptr, rows, nmask, eps, one, K: tl.constexpr, PROLOGUE: tl.constexpr,
-    N_SQ: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
-    INT8: tl.constexpr, FP8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
-    STAGES: tl.constexpr,
-):  # fmt: skip
-    """The product of the tile's rows, its weight tiles copied into shared memory STAGES - 1
-    ahead of their use (cp.async, Triton's pipeliner): the first STAGES - 1 before the wait
-    for the previous kernel, which is inside the loop."""
-    PER: tl.constexpr = 4 if INT8 else 1
-    KW: tl.constexpr = K // PER
-    cols = tl.arange(0, BK // PER)
-    acc = tl.zeros([BN, BK // PER], tl.float32)
-    sums = tl.zeros([BK // PER], tl.float32)
-    rstd = tl.full([], 1.0, tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
-        wk = k0 // PER + cols
-        wm = nmask[:, None] & _within(wk, KW, EVEN)[None, :]
-        w = tl.load(rows + wk[None, :], mask=wm, other=0, eviction_policy="evict_first")
-        ready = _waited(PDL, ASM)
-        if PROLOGUE == 1:  # noqa: SIM102 - a compile-time branch around a run-time one
-            if k0 == 0:
-                rstd = _rstd(x_ptr + ready, sq_ptr + ready, eps, K, N_SQ, BK)
-        if INT8:
-            acc, sums = _int8_product(
-                acc, sums, w, one, x_ptr + ready, g_ptr, k0, rstd, K, PROLOGUE, BK, EVEN, ASM
-            )
-        else:
-            kk = k0 + cols
-            a = _activation(x_ptr + ready, g_ptr, kk, _within(kk, K, EVEN), rstd, PROLOGUE)
-            acc += _widened(w, FP8) * a[None, :]
-    if INT8:
-        total = tl.sum(sums, 0)
-        y = 32768.0 * (tl.sum(acc, 1) - total) - 128.0 * total
-    else:
-        y = tl.sum(acc, 1)
-    return y
-
-
-@triton.jit
 def _row_gemv(
     x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, N, eps, one,
     K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr, EPILOGUE: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, INT8: tl.constexpr,
-    FP8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
+    FP8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     t = tl.arange(0, BN)
@@ -266,12 +209,8 @@ def _row_gemv(
     # A row of w is K weights, or K / 4 words of four int8 weights; a tile BK weights wide.
     PER: tl.constexpr = 4 if INT8 else 1
     rows = w_ptr + rn.to(tl.int64)[:, None] * (K // PER)
-    if STAGES > 0:
-        y = _streamed(x_ptr, g_ptr, sq_ptr, rows, nmask, eps, one, K, PROLOGUE, N_SQ, BN, BK,
-                      EVEN, INT8, FP8, ASM, PDL, STAGES)  # fmt: skip
-    else:
-        y = _first_ahead(x_ptr, g_ptr, sq_ptr, rows, nmask, eps, one, K, PROLOGUE, N_SQ, BN, BK,
-                         EVEN, INT8, FP8, ASM, PDL)  # fmt: skip
+    y = _first_ahead(x_ptr, g_ptr, sq_ptr, rows, nmask, eps, one, K, PROLOGUE, N_SQ, BN, BK, EVEN,
+                     INT8, FP8, ASM, PDL)  # fmt: skip
     if INT8 or FP8:
         y *= tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
     dt = out_ptr.dtype.element_ty
@@ -295,7 +234,7 @@ def _h200(device: torch.device) -> bool:
     return device.type == "cuda" and "H200" in torch.cuda.get_device_name(device)
 
 
-def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, ...]:
+def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, int, int]:
     """(BN, BK, warps) for an N × K product, the best measured at the LLaMA-3-8B shapes
     (bench/RESULTS-gpu.md): on an H200, and for bf16 also on an H100.
 
@@ -332,7 +271,7 @@ def row_gemv(
     residual: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
-    tile: tuple[int, ...] | None = None,
+    tile: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """y = weight @ prologue(x) for one row x (1, K), through an epilogue.
 
@@ -342,15 +281,14 @@ def row_gemv(
     Epilogues: STORE returns (y, None), y (1, N) in out_dtype (default x's dtype); RESIDUAL
     returns (residual + y, its partial sums of squares), residual (1, N); SWIGLU, weight gate
     rows then up rows (2F, K), returns (silu(gate) * up (1, F), None).
-    tile: (rows, inputs, warps) a program, `_tile`'s choice where None; a fourth number streams
-    the weight tiles through shared memory, that many stages (`_streamed`)."""
+    tile: (rows, inputs, warps) a program, `_tile`'s choice where None."""
     n, k = weight.shape
     assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
     int8, fp8 = weight.dtype == torch.int8, weight.dtype == torch.float8_e4m3fn
     assert (scale is not None) == (int8 or fp8) and (int8 or fp8 or weight.dtype == x.dtype)
     assert (prologue == NORM) == (norm_weight is not None)
     assert (epilogue == RESIDUAL) == (residual is not None)
-    bn, bk, warps, *deep = tile or _tile(n, k, 0 if fp8 else weight.element_size(), x.device)
+    bn, bk, warps = tile or _tile(n, k, 0 if fp8 else weight.element_size(), x.device)
     if epilogue == SWIGLU:
         assert n % 2 == 0 and bn % 2 == 0
         n //= 2
@@ -370,7 +308,7 @@ def row_gemv(
         weight, x if scale is None else scale, x if residual is None else residual, out, sq_out,
         n, eps, _ONE, K=k, PROLOGUE=prologue, N_SQ=0 if squares is None else squares.numel(),
         EPILOGUE=epilogue, BN=bn, BK=bk, EVEN=n % rows == 0 and k % bk == 0, INT8=int8,
-        FP8=fp8, ASM=x.is_cuda, PDL=pdl, STAGES=deep[0] if deep else 0, num_warps=warps,
+        FP8=fp8, ASM=x.is_cuda, PDL=pdl, num_warps=warps,
         launch_pdl=pdl,
     )  # fmt: skip
     return out, sq_out if epilogue == RESIDUAL else None

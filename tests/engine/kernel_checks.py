@@ -249,10 +249,8 @@ def check_row_gemv() -> None:
     torch.manual_seed(0)
     # Tiles that divide the product evenly (unmasked loads), and tiles that do not.
     # The last: more partial sums of squares (80) than a tile is wide (32).
-    # A fourth number: the weight tiles streamed through shared memory, that many stages.
     shapes = [(40, 96, (8, 64, 4)), (32, 128, (8, 64, 4)), (33, 600, (8, 64, 4)),
-              (160, 64, (2, 32, 4)), (40, 96, (8, 64, 4, 3)), (33, 600, (8, 64, 4, 2)),
-              (160, 64, (2, 32, 4, 4))]  # fmt: skip
+              (160, 64, (2, 32, 4))]  # fmt: skip
     for n, k, tile in shapes:
         x, res, g, w = torch.randn(1, k), torch.randn(1, n), torch.randn(k), torch.randn(n, k)
         gate_up_w, w_next, g_next = torch.randn(2 * n, k), torch.randn(24, n), torch.randn(n)

@@ -347,40 +347,6 @@ def test_row_gemv_matches_reference() -> None:
             assert rel(stream, want) < 1e-2
 
 
-def test_streamed_row_tiles_equal_the_committed_tiles() -> None:
-    """Weight tiles streamed through shared memory (a tile's fourth number: cp.async stages,
-    the wait for the previous kernel inside the loop) give the product of the committed tiles
-    at the 8B shapes, with and without programmatic dependent launch."""
-    from engine.kernels.row_gemv import NORM, RESIDUAL, row_gemv
-
-    torch.manual_seed(0)
-    bf16 = dict(device=CUDA, dtype=torch.bfloat16)
-    shapes = {  # (N, K, prologue): (int8 tiles, bf16 tiles) streamed
-        (6144, 4096, NORM): ([(8, 1024, 4, 5)], [(4, 2048, 8, 3)]),
-        (4096, 4096, None): ([(8, 1024, 8, 5), (8, 1024, 8, 3), (16, 1024, 8, 5)],
-                             [(4, 2048, 8, 3)]),
-        (4096, 14336, None): ([(8, 2048, 4, 4)], [(4, 2048, 8, 4)]),
-    }  # fmt: skip
-    for (n, k, prologue), (int8_tiles, bf16_tiles) in shapes.items():
-        x, res = torch.randn(1, k, **bf16), torch.randn(1, n, **bf16)
-        g = torch.rand(k, **bf16) + 0.5
-        q = torch.randint(-128, 128, (n, k), device=CUDA, dtype=torch.int8)
-        weights = {
-            "int8": (q, torch.rand(n, **bf16) / 100, int8_tiles),
-            "bf16": (torch.randn(n, k, **bf16) / 50, None, bf16_tiles),
-        }
-        if prologue == NORM:
-            kw: dict = dict(prologue=NORM, norm_weight=g, eps=1e-5)
-        else:
-            kw = dict(epilogue=RESIDUAL, residual=res)
-        for w, scale, tiles in weights.values():
-            for pdl in (False, True):
-                want = row_gemv(x, w, scale, pdl=pdl, **kw)[0].float()
-                for tile in tiles:
-                    got = row_gemv(x, w, scale, tile=tile, pdl=pdl, **kw)[0].float()
-                    assert rel(got, want) < 1e-2, (n, k, tile, pdl)
-
-
 def test_tensor_core_int8_products_match_reference() -> None:
     import torch.nn.functional as F
 
