@@ -1,0 +1,39 @@
+"""bench/persistent_layers.py's persistent kernel against the chain of launches it is timed
+beside, on the CPU in Triton's interpreter (one program, so its barriers pass at once; CI has no
+GPU). Its configs' text is parsed as the benchmark takes it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.persistent_layers import DEFAULT_CONFIGS, LLAMA3_8B, Config
+
+
+def test_the_persistent_kernel_equals_the_launched_chain_in_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = "from bench.persistent_layers import check_small; check_small()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "relative error" in done.stdout
+
+
+def test_default_configs_split_every_product_into_whole_tiles() -> None:
+    s = LLAMA3_8B
+    outputs = {"qkv": s.qkv, "o": s.dim, "gu": 2 * s.ffn, "down": s.dim}
+    inputs = {"qkv": s.dim, "o": s.dim, "gu": s.dim, "down": s.ffn}
+    for text in DEFAULT_CONFIGS:
+        config = Config.parse(text)
+        assert str(config) == text
+        for name, (rows, width) in config.tiles.items():
+            assert outputs[name] % rows == 0 and inputs[name] % width == 0, (text, name)
+
+
+def test_a_config_names_all_four_products() -> None:
+    with pytest.raises(AssertionError, match="qkv, o, gu, down"):
+        Config.parse("512 4 qkv=4,512 o=8,512")
