@@ -79,7 +79,10 @@ class Config:
 
 @triton.jit
 def _barrier(count_ptr, target, failed_ptr):
-    """Arrive, then wait until `target` arrivals have been counted since the kernel began."""
+    """Arrive, then wait until `target` arrivals have been counted since the kernel began. One
+    thread does the atomics (Triton's choice for a scalar); the CTA barrier first makes the
+    other threads' stores part of what its release publishes."""
+    tl.debug_barrier()
     tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
     spins = 0
