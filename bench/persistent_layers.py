@@ -15,7 +15,8 @@ before another program wrote it.
 
     python -m bench.persistent_layers [--layers 16] [--config "528 4 qkv=8,1024 ..."] [--json PATH]
 
-A config is the number of programs, warps a program, then tiles (rows, inputs) by product.
+A config is the number of programs, warps a program, then tiles (rows, inputs) by product, and
+"late" to request each product's first tile after its barrier instead of before.
 """
 
 from __future__ import annotations
@@ -63,18 +64,20 @@ class Config:
     programs: int
     warps: int
     tiles: dict[str, tuple[int, int]]  # qkv, o, gu, down: (rows, inputs) a tile
+    ahead: bool = True  # each product's first tile requested before its barrier ("late": after)
 
     @classmethod
     def parse(cls, text: str) -> Config:
         programs, warps, *tiles = text.split()
-        pairs = dict(t.split("=") for t in tiles)
+        late = "late" in tiles
+        pairs = dict(t.split("=") for t in tiles if t != "late")
         shape = {k: (int(v.split(",")[0]), int(v.split(",")[1])) for k, v in pairs.items()}
         assert set(shape) == {"qkv", "o", "gu", "down"}, f"tiles for qkv, o, gu, down: {text}"
-        return cls(int(programs), int(warps), shape)
+        return cls(int(programs), int(warps), shape, not late)
 
     def __str__(self) -> str:
         tiles = " ".join(f"{k}={r},{c}" for k, (r, c) in self.tiles.items())
-        return f"{self.programs} {self.warps} {tiles}"
+        return f"{self.programs} {self.warps} {tiles}{'' if self.ahead else ' late'}"
 
 
 @triton.jit
@@ -174,13 +177,30 @@ def _product(
 
 
 @triton.jit
+def _next(
+    w_ptr, pid, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GU: tl.constexpr, more, count_ptr, target, failed_ptr, AHEAD: tl.constexpr,
+):  # fmt: skip
+    """The barrier before a product, and this program's first weight words of it: requested
+    before the barrier (AHEAD) or after. `more`: whether the product exists at all."""
+    rows, _, exists = _rows(w_ptr, pid, N, K, BN, GU)
+    if AHEAD:
+        first = _first(rows, exists & more, BK)
+        _barrier(count_ptr, target, failed_ptr)
+    else:
+        _barrier(count_ptr, target, failed_ptr)
+        first = _first(rows, exists & more, BK)
+    return first
+
+
+@triton.jit
 def _layers(
     x_ptr, sq_ptr, qkv_ptr, h_ptr, hsq_ptr, act_ptr, wqkv_ptr, sqkv_ptr, wo_ptr, so_ptr,
     wgu_ptr, sgu_ptr, wd_ptr, sd_ptr, gattn_ptr, gffn_ptr, count_ptr, failed_ptr, eps, one,
     LAYERS: tl.constexpr, DIM: tl.constexpr, QKV: tl.constexpr, FFN: tl.constexpr,
     BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr,
     BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_D: tl.constexpr, BK_D: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, AHEAD: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -198,28 +218,24 @@ def _layers(
         wgu, wd = wgu_ptr + at * (2 * FFN * DIM // 4), wd_ptr + at * (DIM * FFN // 4)
         _product(first_qkv, pid, programs, x, gattn_ptr + at * DIM, sq, wqkv, sqkv_ptr + at * QKV,
                  x, qkv, sq, eps, one, QKV, DIM, 1, SQ_D, 0, BN_QKV, BK_QKV, ASM)  # fmt: skip
-        rows, _, exists = _rows(wo, pid, DIM, DIM, BN_O, False)
-        first_o = _first(rows, exists, BK_O)
         arrived += programs
-        _barrier(count_ptr, arrived, failed_ptr)
+        first_o = _next(wo, pid, DIM, DIM, BN_O, BK_O, False, True, count_ptr, arrived,
+                        failed_ptr, AHEAD)  # fmt: skip
         _product(first_o, pid, programs, qkv, x, sq, wo, so_ptr + at * DIM, x, h, hsq, eps, one,
                  DIM, DIM, 0, 0, 1, BN_O, BK_O, ASM)  # fmt: skip
-        rows, _, exists = _rows(wgu, pid, FFN, DIM, BN_GU, True)
-        first_gu = _first(rows, exists, BK_GU)
         arrived += programs
-        _barrier(count_ptr, arrived, failed_ptr)
+        first_gu = _next(wgu, pid, FFN, DIM, BN_GU, BK_GU, True, True, count_ptr, arrived,
+                         failed_ptr, AHEAD)  # fmt: skip
         _product(first_gu, pid, programs, h, gffn_ptr + at * DIM, hsq, wgu, sgu_ptr + at * 2 * FFN,
                  h, act, hsq, eps, one, FFN, DIM, 1, SQ_O, 2, BN_GU, BK_GU, ASM)  # fmt: skip
-        rows, _, exists = _rows(wd, pid, DIM, FFN, BN_D, False)
-        first_d = _first(rows, exists, BK_D)
         arrived += programs
-        _barrier(count_ptr, arrived, failed_ptr)
+        first_d = _next(wd, pid, DIM, FFN, BN_D, BK_D, False, True, count_ptr, arrived,
+                        failed_ptr, AHEAD)  # fmt: skip
         _product(first_d, pid, programs, act, x, sq, wd, sd_ptr + at * DIM, h, x + DIM,
                  sq + SQ_D, eps, one, DIM, FFN, 0, 0, 1, BN_D, BK_D, ASM)  # fmt: skip
-        rows, _, exists = _rows(wqkv + QKV * DIM // 4, pid, QKV, DIM, BN_QKV, False)
-        first_qkv = _first(rows, exists & (layer + 1 < LAYERS), BK_QKV)
         arrived += programs
-        _barrier(count_ptr, arrived, failed_ptr)
+        first_qkv = _next(wqkv + QKV * DIM // 4, pid, QKV, DIM, BN_QKV, BK_QKV, False,
+                          layer + 1 < LAYERS, count_ptr, arrived, failed_ptr, AHEAD)  # fmt: skip
 
 
 class Layers:
@@ -312,7 +328,7 @@ class Layers:
                 EPS, _ONE, LAYERS=layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn,
                 BN_QKV=t["qkv"][0], BK_QKV=t["qkv"][1], BN_O=t["o"][0], BK_O=t["o"][1],
                 BN_GU=t["gu"][0], BK_GU=t["gu"][1], BN_D=t["down"][0], BK_D=t["down"][1],
-                ASM=device.type == "cuda", num_warps=config.warps,
+                ASM=device.type == "cuda", AHEAD=config.ahead, num_warps=config.warps,
             )  # fmt: skip
             compiled[:] = [kernel]
             return x[layers : layers + 1]
@@ -332,12 +348,12 @@ def check_small() -> None:
     pass at once), several tiles a program, every epilogue; exits non-zero on a mismatch."""
     layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"))
     expected = layers.launched()
-    config = Config.parse("1 4 qkv=8,32 o=8,64 gu=8,32 down=8,64")
-    run, completed, _ = layers.persistent(config)
-    got = run()
-    error = relative_error(got, expected)
-    print(f"persistent layers, interpreter: relative error {error:.2e}")
-    assert completed() and error < 2e-2, error
+    for late in ("", " late"):
+        config = Config.parse("1 4 qkv=8,32 o=8,64 gu=8,32 down=8,64" + late)
+        run, completed, _ = layers.persistent(config)
+        error = relative_error(run(), expected)
+        print(f"persistent layers{late}, interpreter: relative error {error:.2e}")
+        assert completed() and error < 2e-2, error
 
 
 def resident(kernel: Any, warps: int) -> int:
@@ -356,6 +372,7 @@ def resident(kernel: Any, warps: int) -> int:
 # 512 and 256 programs divide every product's tiles evenly.
 DEFAULT_CONFIGS = [
     "512 4 qkv=4,512 o=8,512 gu=8,512 down=8,512",
+    "512 4 qkv=4,512 o=8,512 gu=8,512 down=8,512 late",
     "256 4 qkv=4,512 o=8,512 gu=8,512 down=8,512",
     "396 4 qkv=4,1024 o=8,1024 gu=8,1024 down=8,2048",
     "264 4 qkv=8,1024 o=8,1024 gu=32,512 down=8,2048",
