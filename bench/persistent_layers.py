@@ -65,19 +65,22 @@ class Config:
     warps: int
     tiles: dict[str, tuple[int, int]]  # qkv, o, gu, down: (rows, inputs) a tile
     ahead: bool = True  # each product's first tile requested before its barrier ("late": after)
+    stages: int = 0  # >1: a tile's later weights copied into shared memory that many ahead
 
     @classmethod
     def parse(cls, text: str) -> Config:
         programs, warps, *tiles = text.split()
         late = "late" in tiles
         pairs = dict(t.split("=") for t in tiles if t != "late")
+        stages = int(pairs.pop("stages", 0))
         shape = {k: (int(v.split(",")[0]), int(v.split(",")[1])) for k, v in pairs.items()}
         assert set(shape) == {"qkv", "o", "gu", "down"}, f"tiles for qkv, o, gu, down: {text}"
-        return cls(int(programs), int(warps), shape, not late)
+        return cls(int(programs), int(warps), shape, not late, stages)
 
     def __str__(self) -> str:
         tiles = " ".join(f"{k}={r},{c}" for k, (r, c) in self.tiles.items())
-        return f"{self.programs} {self.warps} {tiles}{'' if self.ahead else ' late'}"
+        stages = f" stages={self.stages}" if self.stages else ""
+        return f"{self.programs} {self.warps} {tiles}{stages}{'' if self.ahead else ' late'}"
 
 
 @triton.jit
@@ -123,6 +126,7 @@ def _tile(
     first, rows, rn, tile, x_ptr, g_ptr, sq_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, eps, one,
     N: tl.constexpr, K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr,
     EPILOGUE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """One tile of a product, its first weight words in hand, through row_gemv's epilogues."""
     cols = tl.arange(0, BK // 4)
@@ -134,7 +138,7 @@ def _tile(
     acc, sums = _int8_product(
         acc, sums, first, one, x_ptr, g_ptr, 0, rstd, K, PROLOGUE, BK, True, ASM
     )
-    for k0 in range(BK, K, BK):
+    for k0 in tl.range(BK, K, BK, num_stages=STAGES):
         w = tl.load(rows + (k0 // 4 + cols)[None, :], eviction_policy="evict_first")
         acc, sums = _int8_product(
             acc, sums, w, one, x_ptr, g_ptr, k0, rstd, K, PROLOGUE, BK, True, ASM
@@ -160,6 +164,7 @@ def _product(
     first, pid, programs, x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, eps,
     one, N: tl.constexpr, K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr,
     EPILOGUE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """This program's tiles of one product: its own id's (first words in hand), then every
     `programs`-th."""
@@ -168,12 +173,12 @@ def _product(
     if pid < TILES:
         rows, rn, _ = _rows(w_ptr, pid, N, K, BN, GU)
         _tile(first, rows, rn, pid, x_ptr, g_ptr, sq_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr,
-              eps, one, N, K, PROLOGUE, N_SQ, EPILOGUE, BN, BK, ASM)  # fmt: skip
+              eps, one, N, K, PROLOGUE, N_SQ, EPILOGUE, BN, BK, ASM, STAGES)  # fmt: skip
     for tile in range(pid + programs, TILES, programs):
         rows, rn, exists = _rows(w_ptr, tile, N, K, BN, GU)
         first = _first(rows, exists, BK)
         _tile(first, rows, rn, tile, x_ptr, g_ptr, sq_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr,
-              eps, one, N, K, PROLOGUE, N_SQ, EPILOGUE, BN, BK, ASM)  # fmt: skip
+              eps, one, N, K, PROLOGUE, N_SQ, EPILOGUE, BN, BK, ASM, STAGES)  # fmt: skip
 
 
 @triton.jit
@@ -200,7 +205,7 @@ def _layers(
     LAYERS: tl.constexpr, DIM: tl.constexpr, QKV: tl.constexpr, FFN: tl.constexpr,
     BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr,
     BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_D: tl.constexpr, BK_D: tl.constexpr,
-    ASM: tl.constexpr, AHEAD: tl.constexpr,
+    ASM: tl.constexpr, AHEAD: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -216,23 +221,25 @@ def _layers(
         hsq = hsq_ptr + at * SQ_O
         wqkv, wo = wqkv_ptr + at * (QKV * DIM // 4), wo_ptr + at * (DIM * DIM // 4)
         wgu, wd = wgu_ptr + at * (2 * FFN * DIM // 4), wd_ptr + at * (DIM * FFN // 4)
-        _product(first_qkv, pid, programs, x, gattn_ptr + at * DIM, sq, wqkv, sqkv_ptr + at * QKV,
-                 x, qkv, sq, eps, one, QKV, DIM, 1, SQ_D, 0, BN_QKV, BK_QKV, ASM)  # fmt: skip
+        gattn, sqkv = gattn_ptr + at * DIM, sqkv_ptr + at * QKV
+        _product(first_qkv, pid, programs, x, gattn, sq, wqkv, sqkv, x, qkv, sq, eps, one, QKV,
+                 DIM, 1, SQ_D, 0, BN_QKV, BK_QKV, ASM, STAGES)  # fmt: skip
         arrived += programs
         first_o = _next(wo, pid, DIM, DIM, BN_O, BK_O, False, True, count_ptr, arrived,
                         failed_ptr, AHEAD)  # fmt: skip
         _product(first_o, pid, programs, qkv, x, sq, wo, so_ptr + at * DIM, x, h, hsq, eps, one,
-                 DIM, DIM, 0, 0, 1, BN_O, BK_O, ASM)  # fmt: skip
+                 DIM, DIM, 0, 0, 1, BN_O, BK_O, ASM, STAGES)  # fmt: skip
         arrived += programs
         first_gu = _next(wgu, pid, FFN, DIM, BN_GU, BK_GU, True, True, count_ptr, arrived,
                          failed_ptr, AHEAD)  # fmt: skip
-        _product(first_gu, pid, programs, h, gffn_ptr + at * DIM, hsq, wgu, sgu_ptr + at * 2 * FFN,
-                 h, act, hsq, eps, one, FFN, DIM, 1, SQ_O, 2, BN_GU, BK_GU, ASM)  # fmt: skip
+        gffn, sgu = gffn_ptr + at * DIM, sgu_ptr + at * 2 * FFN
+        _product(first_gu, pid, programs, h, gffn, hsq, wgu, sgu, h, act, hsq, eps, one, FFN, DIM,
+                 1, SQ_O, 2, BN_GU, BK_GU, ASM, STAGES)  # fmt: skip
         arrived += programs
         first_d = _next(wd, pid, DIM, FFN, BN_D, BK_D, False, True, count_ptr, arrived,
                         failed_ptr, AHEAD)  # fmt: skip
         _product(first_d, pid, programs, act, x, sq, wd, sd_ptr + at * DIM, h, x + DIM,
-                 sq + SQ_D, eps, one, DIM, FFN, 0, 0, 1, BN_D, BK_D, ASM)  # fmt: skip
+                 sq + SQ_D, eps, one, DIM, FFN, 0, 0, 1, BN_D, BK_D, ASM, STAGES)  # fmt: skip
         arrived += programs
         first_qkv = _next(wqkv + QKV * DIM // 4, pid, QKV, DIM, BN_QKV, BK_QKV, False,
                           layer + 1 < LAYERS, count_ptr, arrived, failed_ptr, AHEAD)  # fmt: skip
@@ -328,7 +335,8 @@ class Layers:
                 EPS, _ONE, LAYERS=layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn,
                 BN_QKV=t["qkv"][0], BK_QKV=t["qkv"][1], BN_O=t["o"][0], BK_O=t["o"][1],
                 BN_GU=t["gu"][0], BK_GU=t["gu"][1], BN_D=t["down"][0], BK_D=t["down"][1],
-                ASM=device.type == "cuda", AHEAD=config.ahead, num_warps=config.warps,
+                ASM=device.type == "cuda", AHEAD=config.ahead, STAGES=config.stages,
+                num_warps=config.warps,
             )  # fmt: skip
             compiled[:] = [kernel]
             return x[layers : layers + 1]
@@ -349,7 +357,7 @@ def check_small() -> None:
     layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"))
     expected = layers.launched()
     for late in ("", " late"):
-        config = Config.parse("1 4 qkv=8,32 o=8,64 gu=8,32 down=8,64" + late)
+        config = Config.parse("1 4 qkv=8,32 o=8,64 gu=8,32 down=8,64 stages=3" + late)
         run, completed, _ = layers.persistent(config)
         error = relative_error(run(), expected)
         print(f"persistent layers{late}, interpreter: relative error {error:.2e}")
