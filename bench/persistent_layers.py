@@ -15,8 +15,10 @@ before another program wrote it.
 
     python -m bench.persistent_layers [--layers 16] [--config "528 4 qkv=8,1024 ..."] [--json PATH]
 
-A config is the number of programs, warps a program, then tiles (rows, inputs) by product, and
-"late" to request each product's first tile after its barrier instead of before.
+A config is the number of programs, warps a program, then tiles (rows, inputs) by product;
+"stages=N" to copy a tile's later weights into shared memory N - 1 chunks ahead, "regs=N" to cap
+the registers a thread (Triton's maxnreg: more programs an SM, spills past it), and "late" to
+request each product's first tile after its barrier instead of before.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Config:
     tiles: dict[str, tuple[int, int]]  # qkv, o, gu, down: (rows, inputs) a tile
     ahead: bool = True  # each product's first tile requested before its barrier ("late": after)
     stages: int = 0  # >1: a tile's later weights copied into shared memory that many ahead
+    regs: int = 0  # >0: registers a thread at most (spills past it), so more programs fit an SM
 
     @classmethod
     def parse(cls, text: str) -> Config:
@@ -73,14 +76,17 @@ class Config:
         late = "late" in tiles
         pairs = dict(t.split("=") for t in tiles if t != "late")
         stages = int(pairs.pop("stages", 0))
+        regs = int(pairs.pop("regs", 0))
         shape = {k: (int(v.split(",")[0]), int(v.split(",")[1])) for k, v in pairs.items()}
         assert set(shape) == {"qkv", "o", "gu", "down"}, f"tiles for qkv, o, gu, down: {text}"
-        return cls(int(programs), int(warps), shape, not late, stages)
+        return cls(int(programs), int(warps), shape, not late, stages, regs)
 
     def __str__(self) -> str:
         tiles = " ".join(f"{k}={r},{c}" for k, (r, c) in self.tiles.items())
         stages = f" stages={self.stages}" if self.stages else ""
-        return f"{self.programs} {self.warps} {tiles}{stages}{'' if self.ahead else ' late'}"
+        regs = f" regs={self.regs}" if self.regs else ""
+        late = "" if self.ahead else " late"
+        return f"{self.programs} {self.warps} {tiles}{stages}{regs}{late}"
 
 
 @triton.jit
@@ -336,7 +342,7 @@ class Layers:
                 BN_QKV=t["qkv"][0], BK_QKV=t["qkv"][1], BN_O=t["o"][0], BK_O=t["o"][1],
                 BN_GU=t["gu"][0], BK_GU=t["gu"][1], BN_D=t["down"][0], BK_D=t["down"][1],
                 ASM=device.type == "cuda", AHEAD=config.ahead, STAGES=config.stages,
-                num_warps=config.warps,
+                num_warps=config.warps, **({"maxnreg": config.regs} if config.regs else {}),
             )  # fmt: skip
             compiled[:] = [kernel]
             return x[layers : layers + 1]

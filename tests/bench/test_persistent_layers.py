@@ -37,3 +37,10 @@ def test_default_configs_split_every_product_into_whole_tiles() -> None:
 def test_a_config_names_all_four_products() -> None:
     with pytest.raises(AssertionError, match="qkv, o, gu, down"):
         Config.parse("512 4 qkv=4,512 o=8,512")
+
+
+def test_a_config_carries_its_stages_and_register_cap() -> None:
+    text = "660 4 qkv=4,512 o=4,512 gu=4,512 down=4,512 stages=4 regs=96 late"
+    config = Config.parse(text)
+    assert (config.stages, config.regs, config.ahead) == (4, 96, False)
+    assert str(config) == text
