@@ -394,6 +394,24 @@ DEFAULT_CONFIGS = [
 ]
 
 
+def _cuda(layers: Layers, text: str, expected: torch.Tensor) -> list[tuple[str, Any]]:
+    """The CUDA kernel of a "cuda THREADS PER_SM" config, if it builds and runs here."""
+    from bench.persistent_layers_cuda import CudaConfig, persistent
+
+    try:
+        run, completed, info = persistent(layers, CudaConfig.parse(text), EPS)
+        got = run()
+        torch.cuda.synchronize()
+    except Exception as err:  # a config this GPU cannot build: say so, go on
+        print(f"{text}: failed: {type(err).__name__}: {err}"[:600])
+        return []
+    if not completed():
+        print(f"{text}: {info}; a barrier gave up: skipped")
+        return []
+    print(f"{text}: {info}; error {relative_error(got, expected):.1e}")
+    return [(f"persistent {text}", run)]
+
+
 def main() -> None:
     from bench.gpu_measure import copy_bandwidth
     from bench.row_tiles import graph_seconds
@@ -415,6 +433,9 @@ def main() -> None:
     expected = layers.launched()
     candidates: list[tuple[str, Any]] = [("launched (the engine's kernels)", layers.launched)]
     for text in args.config or DEFAULT_CONFIGS:
+        if text.startswith("cuda"):
+            candidates += _cuda(layers, text, expected)
+            continue
         config = Config.parse(text)
         run, completed, compiled = layers.persistent(config)
         try:

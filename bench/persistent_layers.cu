@@ -1,0 +1,245 @@
+// A layer's int8 batch-1 products in one persistent CUDA kernel (bench/persistent_layers.py
+// times it beside the Triton one and the launched chain). The same chain per layer: QKV (RMSNorm
+// in front), O (residual behind), gate/up (RMSNorm in front, SiLU·up behind), down (residual
+// behind), O reading the first DIM outputs of QKV (no attention).
+//
+// Why CUDA: a Triton kernel holds the registers of its largest product and keeps one tile in
+// flight a program. Here every block owns a contiguous share of each product's rows, its warps
+// stream 4-row x 512-input units of weights with the next unit requested before the current one
+// is used, and each warp's first unit of the next product is requested before the grid-wide
+// barrier, so the memory stays busy while the blocks wait for each other. Blocks must all be
+// resident (the host launches PER_SM an SM, which __launch_bounds__ makes fit).
+//
+// Weights: int8 rows of K inputs (gate/up: FFN gate rows, then FFN up rows), one fp32 scale a row.
+// Activations bf16 (as raw 16-bit words: no header needed under NVRTC). A byte q of a weight
+// becomes the float 1 + (q + 128) / 2**15 through one byte permute, as the engine's row kernels
+// do; Σ q·a = 32768 (Σ (1 + u / 2**15) a − Σ a) − 128 Σ a, the first difference taken in each
+// lane over its 16 inputs.
+//
+// Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, SPINS.
+
+#define WARPS (THREADS / 32)
+#define CHUNK 512           // inputs a warp's unit spans: 16 bytes a lane
+#define SLOTS 4             // weight rows a unit (gate/up: two gate/up pairs)
+#define MAX_ROWS 256        // weight rows a block may own in one product
+#define PLAIN 0
+#define RESIDUAL 1
+#define SWIGLU 2
+
+typedef unsigned short bf16;
+typedef signed char int8;
+
+__device__ __forceinline__ float from_bf16(bf16 v) { return __uint_as_float((unsigned)v << 16); }
+
+__device__ __forceinline__ bf16 to_bf16(float f) {  // round to nearest even (no NaNs here)
+    unsigned u = __float_as_uint(f);
+    return (bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float bf16_round(float f) { return from_bf16(to_bf16(f)); }
+
+__device__ __forceinline__ uint4 stream_load(const void* p) {  // read once: skip L1
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float one_plus(unsigned flipped, int byte) {
+    return __uint_as_float(__byte_perm(flipped, 0x3F800000u, 0x7604u + 16u * byte));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The block's sum of v (every thread gets it); `scratch` holds WARPS floats.
+__device__ float block_sum(float v, float* scratch) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = lane < WARPS ? scratch[lane] : 0.0f;
+    return warp_sum(total);
+}
+
+// Arrive, then wait until `target` arrivals in all: the pattern of cooperative groups' grid sync,
+// bounded (a grid that is not all resident sets *failed instead of hanging).
+__device__ void grid_barrier(unsigned* count, unsigned target, int* failed) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(count, 1u);
+        unsigned seen = target, spins = 0;
+        if (!*(volatile int*)failed) do {  // once one barrier gave up, the rest do not wait
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count));
+        } while (seen < target && ++spins < SPINS);
+        if (seen < target) *failed = 1;
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// A product's shape and this block's share of its rows (gate/up: of its gate/up pairs).
+template <int N, int K, int MODE>
+struct Share {
+    static constexpr int PER = MODE == SWIGLU ? 2 : 4;  // output rows a unit
+    static constexpr int CHUNKS = K / CHUNK;
+    int first, rows, units;
+    __device__ Share() {
+        first = (int)((long long)blockIdx.x * N / gridDim.x);
+        rows = (int)((long long)(blockIdx.x + 1) * N / gridDim.x) - first;
+        units = (rows + PER - 1) / PER * CHUNKS;
+    }
+    // Weight row of a unit's slot, or -1 past the block's rows.
+    __device__ int row(int group, int slot) const {
+        int out = group * PER + (MODE == SWIGLU ? slot / 2 : slot);
+        if (out >= rows) return -1;
+        return MODE == SWIGLU ? first + out + (slot % 2) * N : first + out;
+    }
+};
+
+template <int N, int K, int MODE>
+__device__ __forceinline__ void load_unit(const int8* w, const Share<N, K, MODE>& s, int unit,
+                                          uint4 (&dst)[SLOTS]) {
+    int lane = threadIdx.x % 32;
+    int group = unit / s.CHUNKS, chunk = unit % s.CHUNKS;
+#pragma unroll
+    for (int slot = 0; slot < SLOTS; ++slot) {
+        int row = unit < s.units ? s.row(group, slot) : -1;
+        dst[slot] = row >= 0 ? stream_load(w + (long long)row * K + chunk * CHUNK + lane * 16)
+                             : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// One product: this block's rows of out = epilogue(W · prologue(x)). `cur` holds this warp's
+// first unit, requested before the barrier that precedes the call.
+template <int N, int K, int MODE, bool NORM>
+__device__ void product(const bf16* x, const float* sq_in, const bf16* g, const int8* w,
+                        const float* scale, const bf16* res, bf16* out, float* sq_out, float eps,
+                        uint4 (&cur)[SLOTS], float* act, float* acc, float* scratch) {
+    const Share<N, K, MODE> s;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float rstd = 1.0f;
+    if (NORM) {  // 1 / rms(x) from the partial sums of squares the blocks wrote
+        float part = 0.0f;
+        for (int i = threadIdx.x; i < gridDim.x; i += THREADS) part += __ldcg(sq_in + i);
+        rstd = rsqrtf(block_sum(part, scratch) / K + eps);
+    }
+    // The inputs in shared memory, each 512-input chunk laid out so that step m of a unit reads
+    // 16 consecutive bytes a lane (no bank conflicts): input c*512 + 16 l + 4 m + j sits at
+    // c*512 + 128 m + 4 l + j.
+    float part = 0.0f;
+    for (int k = threadIdx.x; k < K; k += THREADS) {
+        float a = from_bf16(__ldcg(x + k));
+        if (NORM) a = from_bf16(to_bf16(bf16_round(a * rstd) * from_bf16(g[k])));
+        int in = k % CHUNK;
+        act[k - in + 128 * ((in / 4) % 4) + 4 * (in / 16) + in % 4] = a;
+        part += a;
+    }
+    for (int i = threadIdx.x; i < MAX_ROWS; i += THREADS) acc[i] = 0.0f;
+    const float total = block_sum(part, scratch);  // Σ a (its syncthreads publish `act`)
+
+    for (int unit = warp; unit < s.units; unit += WARPS) {
+        uint4 next[SLOTS];
+        load_unit(w, s, unit + WARPS, next);
+        const float4* a4 = (const float4*)(act + (unit % s.CHUNKS) * CHUNK) + lane;
+        float4 a[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) a[m] = a4[32 * m];
+        float lane_sum = 0.0f;  // subtracted from each row's lane partial: no cancellation later
+#pragma unroll
+        for (int m = 0; m < 4; ++m) lane_sum += (a[m].x + a[m].y) + (a[m].z + a[m].w);
+        float dot[SLOTS];
+#pragma unroll
+        for (int slot = 0; slot < SLOTS; ++slot) {
+            unsigned words[4] = {cur[slot].x, cur[slot].y, cur[slot].z, cur[slot].w};
+            float d = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                unsigned f = words[m] ^ 0x80808080u;  // each byte u = q + 128
+                d = fmaf(one_plus(f, 0), a[m].x, d);
+                d = fmaf(one_plus(f, 1), a[m].y, d);
+                d = fmaf(one_plus(f, 2), a[m].z, d);
+                d = fmaf(one_plus(f, 3), a[m].w, d);
+            }
+            dot[slot] = warp_sum(d - lane_sum);  // Σ (u / 2**15) a over the unit
+        }
+        int group = unit / s.CHUNKS;
+        if (lane < SLOTS) {
+            float mine = lane == 0 ? dot[0] : lane == 1 ? dot[1] : lane == 2 ? dot[2] : dot[3];
+            int out_row = group * SLOTS + lane;  // gate/up: pair p's gate at 2p, up at 2p + 1
+            if (s.row(group, lane) >= 0) atomicAdd(acc + out_row, mine);
+        }
+#pragma unroll
+        for (int slot = 0; slot < SLOTS; ++slot) cur[slot] = next[slot];
+    }
+    __syncthreads();
+
+    float squares = 0.0f;
+    for (int t = threadIdx.x; t < s.rows; t += THREADS) {
+        int row = s.first + t;
+        if (MODE == SWIGLU) {
+            float gate = bf16_round((32768.0f * acc[2 * t] - 128.0f * total) * scale[row]);
+            float up = bf16_round((32768.0f * acc[2 * t + 1] - 128.0f * total) *
+                                  scale[row + N]);
+            out[row] = to_bf16(gate / (1.0f + __expf(-gate)) * up);
+        } else {
+            float y = (32768.0f * acc[t] - 128.0f * total) * scale[row];
+            if (MODE == RESIDUAL) {
+                float stream = bf16_round(bf16_round(y) + from_bf16(__ldcg(res + row)));
+                out[row] = to_bf16(stream);
+                squares += stream * stream;
+            } else {
+                out[row] = to_bf16(y);
+            }
+        }
+    }
+    if (MODE == RESIDUAL) {
+        float sum = block_sum(squares, scratch);
+        if (threadIdx.x == 0) sq_out[blockIdx.x] = sum;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, PER_SM)
+layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const int8* wqkv,
+       const float* sqkv, const int8* wo, const float* so, const int8* wgu, const float* sgu,
+       const int8* wd, const float* sd, const bf16* gattn, const bf16* gffn, unsigned* count,
+       int* failed, double eps_in) {
+    extern __shared__ float4 shared[];
+    float* act = (float*)shared;           // FFN inputs at most
+    __shared__ float acc[MAX_ROWS];        // the block's rows' dot products
+    __shared__ float scratch[WARPS];
+    const float eps = (float)eps_in;
+    const int warp = threadIdx.x / 32;
+    const unsigned blocks = gridDim.x;
+    uint4 cur[SLOTS];
+    unsigned arrived = 0;
+
+    load_unit(wqkv, Share<QKV, DIM, PLAIN>(), warp, cur);
+    for (int layer = 0; layer < LAYERS; ++layer) {
+        const long long l = layer;
+        bf16 *xl = x + l * DIM, *ql = qkv + l * QKV, *hl = h + l * DIM, *fl = hidden + l * FFN;
+        float *sql = sq + l * blocks, *hsql = hsq + l * blocks;
+        const int8 *wq = wqkv + l * QKV * DIM, *wol = wo + l * DIM * DIM;
+        const int8 *wg = wgu + l * 2 * FFN * DIM, *wdl = wd + l * DIM * FFN;
+        product<QKV, DIM, PLAIN, true>(xl, sql, gattn + l * DIM, wq, sqkv + l * QKV, nullptr, ql,
+                                       nullptr, eps, cur, act, acc, scratch);
+        load_unit(wol, Share<DIM, DIM, RESIDUAL>(), warp, cur);
+        grid_barrier(count, arrived += blocks, failed);
+        product<DIM, DIM, RESIDUAL, false>(ql, nullptr, nullptr, wol, so + l * DIM, xl, hl, hsql,
+                                           eps, cur, act, acc, scratch);
+        load_unit(wg, Share<FFN, DIM, SWIGLU>(), warp, cur);
+        grid_barrier(count, arrived += blocks, failed);
+        product<FFN, DIM, SWIGLU, true>(hl, hsql, gffn + l * DIM, wg, sgu + l * 2 * FFN, nullptr,
+                                        fl, nullptr, eps, cur, act, acc, scratch);
+        load_unit(wdl, Share<DIM, FFN, RESIDUAL>(), warp, cur);
+        grid_barrier(count, arrived += blocks, failed);
+        product<DIM, FFN, RESIDUAL, false>(fl, nullptr, nullptr, wdl, sd + l * DIM, hl,
+                                           xl + DIM, sql + blocks, eps, cur, act, acc, scratch);
+        if (layer + 1 < LAYERS) load_unit(wq + QKV * DIM, Share<QKV, DIM, PLAIN>(), warp, cur);
+        grid_barrier(count, arrived += blocks, failed);
+    }
+}

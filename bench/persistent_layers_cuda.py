@@ -1,0 +1,104 @@
+"""bench/persistent_layers.cu compiled at run time (NVRTC, through torch) for the layers of
+bench/persistent_layers.py: a persistent kernel written in CUDA, so that each block's registers,
+bytes in flight and barrier are chosen by hand rather than by Triton.
+
+A config reads "cuda THREADS PER_SM": threads a block, blocks an SM (all resident)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from bench.persistent_layers import Layers
+
+SOURCE = Path(__file__).with_suffix(".cu")
+MAX_ROWS = 256  # as the kernel's MAX_ROWS: weight rows a block may own in one product
+SPINS = 200_000  # polls before a barrier gives up: not all blocks resident
+
+# cuFuncGetAttribute's attributes
+_REGISTERS, _LOCAL_BYTES = 4, 3
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    threads: int
+    per_sm: int
+
+    @classmethod
+    def parse(cls, text: str) -> CudaConfig:
+        word, threads, per_sm = text.split()
+        assert word == "cuda", f"a CUDA config reads 'cuda THREADS PER_SM': {text}"
+        return cls(int(threads), int(per_sm))
+
+    def __str__(self) -> str:
+        return f"cuda {self.threads} {self.per_sm}"
+
+
+def source(layers: Layers, config: CudaConfig) -> str:
+    s = layers.shapes
+    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn,
+                   THREADS=config.threads, PER_SM=config.per_sm, SPINS=SPINS)  # fmt: skip
+    head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    return head + SOURCE.read_text()
+
+
+def _attribute(kernel: Any, attribute: int) -> int:
+    value = ctypes.c_int()
+    libcuda = torch.cuda._utils._get_gpu_runtime_library()
+    libcuda.cuFuncGetAttribute(ctypes.byref(value), attribute, kernel.func)
+    return value.value
+
+
+def _resident(kernel: Any, threads: int, shared: int) -> int:
+    """Blocks of the kernel that fit one SM at once, by the driver's occupancy calculator."""
+    blocks = ctypes.c_int()
+    libcuda = torch.cuda._utils._get_gpu_runtime_library()
+    libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), kernel.func, threads, ctypes.c_size_t(shared)
+    )
+    return blocks.value
+
+
+def persistent(layers: Layers, config: CudaConfig, eps: float) -> tuple[Any, Any, str]:
+    """A call that runs the CUDA kernel (the stream after every layer is its result), a check
+    that its barriers all completed, and what was compiled (registers, spills, residency)."""
+    s, n, device = layers.shapes, layers.layers, layers.device
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    blocks = sms * config.per_sm
+    most = max(-(-s.qkv // blocks), -(-2 * s.ffn // blocks), -(-s.dim // blocks))
+    assert most + 4 <= MAX_ROWS, f"{blocks} blocks own up to {most} rows, over {MAX_ROWS}"
+    kernel = torch.cuda._compile_kernel(source(layers, config), "layers")
+    shared = 4 * max(s.dim, s.ffn)
+    kernel.set_shared_memory_config(shared)
+    fit = _resident(kernel, config.threads, shared)
+    info = (f"{_attribute(kernel, _REGISTERS)} registers, {_attribute(kernel, _LOCAL_BYTES)} "
+            f"bytes local, {fit} blocks an SM fit")  # fmt: skip
+    assert fit >= config.per_sm, f"{config}: {info}"
+    x = torch.zeros(n + 1, s.dim, dtype=torch.bfloat16, device=device)
+    x[0] = layers.x0[0]
+    sq = torch.zeros(n + 1, blocks, dtype=torch.float32, device=device)
+    sq[0, 0] = layers.x0.float().square().sum()
+    qkv = torch.empty(n, s.qkv, dtype=torch.bfloat16, device=device)
+    h = torch.empty(n, s.dim, dtype=torch.bfloat16, device=device)
+    hsq = torch.empty(n, blocks, dtype=torch.float32, device=device)
+    hidden = torch.empty(n, s.ffn, dtype=torch.bfloat16, device=device)
+    count = torch.zeros(1, dtype=torch.int32, device=device)
+    failed = torch.zeros(1, dtype=torch.int32, device=device)
+    args = [x, sq, qkv, h, hsq, hidden, layers.qkv[0], layers.qkv[1], layers.o[0], layers.o[1],
+            layers.gu[0], layers.gu[1], layers.down[0], layers.down[1], layers.attn_norm,
+            layers.ffn_norm, count, failed, eps]  # fmt: skip
+
+    def run() -> torch.Tensor:
+        count.zero_()
+        kernel(grid=(blocks, 1, 1), block=(config.threads, 1, 1), args=args, shared_mem=shared)
+        return x[n : n + 1]
+
+    def completed() -> bool:
+        return not bool(failed.item())
+
+    return run, completed, info
