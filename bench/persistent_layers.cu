@@ -130,14 +130,42 @@ __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const 
     }
     // The inputs in shared memory, each 512-input chunk laid out so that step m of a unit reads
     // 16 consecutive bytes a lane (no bank conflicts): input c*512 + 16 l + 4 m + j sits at
-    // c*512 + 128 m + 4 l + j.
+    // c*512 + 128 m + 4 l + j. Eight inputs a load, every load of the thread issued first.
+    constexpr int VECTORS = K / 8, EACH = (VECTORS + THREADS - 1) / THREADS;
+    constexpr int BATCH = EACH < 4 ? EACH : 4;  // loads in flight a thread (registers)
     float part = 0.0f;
-    for (int k = threadIdx.x; k < K; k += THREADS) {
-        float a = from_bf16(__ldcg(x + k));
-        if (NORM) a = from_bf16(to_bf16(bf16_round(a * rstd) * from_bf16(g[k])));
-        int in = k % CHUNK;
-        act[k - in + 128 * ((in / 4) % 4) + 4 * (in / 16) + in % 4] = a;
-        part += a;
+    for (int first = 0; first < EACH; first += BATCH) {
+        uint4 xs[BATCH], gs[NORM ? BATCH : 1];
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            int v = threadIdx.x + (first + i) * THREADS;
+            if (v < VECTORS) {
+                xs[i] = __ldcg((const uint4*)x + v);
+                if (NORM) gs[NORM ? i : 0] = ((const uint4*)g)[v];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            int v = threadIdx.x + (first + i) * THREADS;
+            if (v >= VECTORS) break;
+            const uint4 gi = gs[NORM ? i : 0];
+            unsigned xw[4] = {xs[i].x, xs[i].y, xs[i].z, xs[i].w};
+            unsigned gw[4] = {gi.x, gi.y, gi.z, gi.w};
+            float a[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                a[e] = from_bf16((bf16)(xw[e / 2] >> (16 * (e % 2))));
+                if (NORM) {
+                    float gain = from_bf16((bf16)(gw[e / 2] >> (16 * (e % 2))));
+                    a[e] = bf16_round(bf16_round(a[e] * rstd) * gain);
+                }
+                part += a[e];
+            }
+            int k = 8 * v, in = k % CHUNK;
+            float* at = act + (k - in) + 128 * ((in / 4) % 4) + 4 * (in / 16);
+            *(float4*)at = make_float4(a[0], a[1], a[2], a[3]);
+            *(float4*)(at + 128) = make_float4(a[4], a[5], a[6], a[7]);  // inputs in + 4 .. + 7
+        }
     }
     for (int i = threadIdx.x; i < MAX_ROWS; i += THREADS) acc[i] = 0.0f;
     const float total = block_sum(part, scratch);  // Σ a (its syncthreads publish `act`)
