@@ -122,15 +122,18 @@ __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const 
                         uint4 (&cur)[SLOTS], float* act, float* acc, float* scratch) {
     const Share<N, K, MODE> s;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float rstd = 1.0f;
-    if (NORM) {  // 1 / rms(x) from the partial sums of squares the blocks wrote
-        float part = 0.0f;
-        for (int i = threadIdx.x; i < gridDim.x; i += THREADS) part += __ldcg(sq_in + i);
-        rstd = rsqrtf(block_sum(part, scratch) / K + eps);
+    // The partial sums of squares the blocks wrote (at most two a thread: the host keeps
+    // blocks <= 2 * THREADS), requested with the first inputs, summed once those are asked for.
+    float sq0 = 0.0f, sq1 = 0.0f;
+    if (NORM) {
+        unsigned i = threadIdx.x;
+        if (i < gridDim.x) sq0 = __ldcg(sq_in + i);
+        if (i + THREADS < gridDim.x) sq1 = __ldcg(sq_in + i + THREADS);
     }
+    float rstd = 1.0f;
     // The inputs in shared memory, each 512-input chunk laid out so that step m of a unit reads
     // 16 consecutive bytes a lane (no bank conflicts): input c*512 + 16 l + 4 m + j sits at
-    // c*512 + 128 m + 4 l + j. Eight inputs a load, every load of the thread issued first.
+    // c*512 + 128 m + 4 l + j. Eight inputs a load, up to four loads a thread in flight.
     constexpr int VECTORS = K / 8, EACH = (VECTORS + THREADS - 1) / THREADS;
     constexpr int BATCH = EACH < 4 ? EACH : 4;  // loads in flight a thread (registers)
     float part = 0.0f;
@@ -144,6 +147,7 @@ __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const 
                 if (NORM) gs[NORM ? i : 0] = ((const uint4*)g)[v];
             }
         }
+        if (NORM && first == 0) rstd = rsqrtf(block_sum(sq0 + sq1, scratch) / K + eps);
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {
             int v = threadIdx.x + (first + i) * THREADS;

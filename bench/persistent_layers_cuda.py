@@ -72,6 +72,7 @@ def persistent(layers: Layers, config: CudaConfig, eps: float) -> tuple[Any, Any
     blocks = sms * config.per_sm
     most = max(-(-s.qkv // blocks), -(-2 * s.ffn // blocks), -(-s.dim // blocks))
     assert most + 4 <= MAX_ROWS, f"{blocks} blocks own up to {most} rows, over {MAX_ROWS}"
+    assert blocks <= 2 * config.threads, f"{blocks} blocks: their sums of squares need more threads"
     kernel = torch.cuda._compile_kernel(source(layers, config), "layers")
     shared = 4 * max(s.dim, s.ffn)
     kernel.set_shared_memory_config(shared)
