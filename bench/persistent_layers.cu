@@ -16,7 +16,8 @@
 // do; Σ q·a = 32768 (Σ (1 + u / 2**15) a − Σ a) − 128 Σ a, the first difference taken in each
 // lane over its 16 inputs.
 //
-// Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, SPINS.
+// Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, AHEAD
+// (units a warp requests before each barrier: 1 or 2), SPINS.
 
 #define WARPS (THREADS / 32)
 #define CHUNK 512           // inputs a warp's unit spans: 16 bytes a lane
@@ -114,12 +115,21 @@ __device__ __forceinline__ void load_unit(const int8* w, const Share<N, K, MODE>
     }
 }
 
-// One product: this block's rows of out = epilogue(W · prologue(x)). `cur` holds this warp's
-// first unit, requested before the barrier that precedes the call.
+// A warp's first AHEAD units of a product, requested before the barrier in front of it.
+template <int N, int K, int MODE>
+__device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLOTS]) {
+    const Share<N, K, MODE> s;
+    int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < AHEAD; ++i) load_unit(w, s, warp + i * WARPS, ahead[i]);
+}
+
+// One product: this block's rows of out = epilogue(W · prologue(x)). `ahead` holds this warp's
+// first units, requested before the barrier that precedes the call.
 template <int N, int K, int MODE, bool NORM>
 __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const int8* w,
                         const float* scale, const bf16* res, bf16* out, float* sq_out, float eps,
-                        uint4 (&cur)[SLOTS], float* act, float* acc, float* scratch) {
+                        uint4 (&ahead)[AHEAD][SLOTS], float* act, float* acc, float* scratch) {
     const Share<N, K, MODE> s;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // The partial sums of squares the blocks wrote (at most two a thread: the host keeps
@@ -174,9 +184,15 @@ __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const 
     for (int i = threadIdx.x; i < MAX_ROWS; i += THREADS) acc[i] = 0.0f;
     const float total = block_sum(part, scratch);  // Σ a (its syncthreads publish `act`)
 
+    uint4(&cur)[SLOTS] = ahead[0];
     for (int unit = warp; unit < s.units; unit += WARPS) {
         uint4 next[SLOTS];
-        load_unit(w, s, unit + WARPS, next);
+        if (AHEAD > 1 && unit == warp) {
+#pragma unroll
+            for (int slot = 0; slot < SLOTS; ++slot) next[slot] = ahead[AHEAD - 1][slot];
+        } else {
+            load_unit(w, s, unit + WARPS, next);
+        }
         const float4* a4 = (const float4*)(act + (unit % s.CHUNKS) * CHUNK) + lane;
         float4 a[4];
 #pragma unroll
@@ -245,12 +261,11 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
     __shared__ float acc[MAX_ROWS];        // the block's rows' dot products
     __shared__ float scratch[WARPS];
     const float eps = (float)eps_in;
-    const int warp = threadIdx.x / 32;
     const unsigned blocks = gridDim.x;
-    uint4 cur[SLOTS];
+    uint4 ahead[AHEAD][SLOTS];
     unsigned arrived = 0;
 
-    load_unit(wqkv, Share<QKV, DIM, PLAIN>(), warp, cur);
+    request<QKV, DIM, PLAIN>(wqkv, ahead);
     for (int layer = 0; layer < LAYERS; ++layer) {
         const long long l = layer;
         bf16 *xl = x + l * DIM, *ql = qkv + l * QKV, *hl = h + l * DIM, *fl = hidden + l * FFN;
@@ -258,20 +273,20 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
         const int8 *wq = wqkv + l * QKV * DIM, *wol = wo + l * DIM * DIM;
         const int8 *wg = wgu + l * 2 * FFN * DIM, *wdl = wd + l * DIM * FFN;
         product<QKV, DIM, PLAIN, true>(xl, sql, gattn + l * DIM, wq, sqkv + l * QKV, nullptr, ql,
-                                       nullptr, eps, cur, act, acc, scratch);
-        load_unit(wol, Share<DIM, DIM, RESIDUAL>(), warp, cur);
+                                       nullptr, eps, ahead, act, acc, scratch);
+        request<DIM, DIM, RESIDUAL>(wol, ahead);
         grid_barrier(count, arrived += blocks, failed);
         product<DIM, DIM, RESIDUAL, false>(ql, nullptr, nullptr, wol, so + l * DIM, xl, hl, hsql,
-                                           eps, cur, act, acc, scratch);
-        load_unit(wg, Share<FFN, DIM, SWIGLU>(), warp, cur);
+                                           eps, ahead, act, acc, scratch);
+        request<FFN, DIM, SWIGLU>(wg, ahead);
         grid_barrier(count, arrived += blocks, failed);
         product<FFN, DIM, SWIGLU, true>(hl, hsql, gffn + l * DIM, wg, sgu + l * 2 * FFN, nullptr,
-                                        fl, nullptr, eps, cur, act, acc, scratch);
-        load_unit(wdl, Share<DIM, FFN, RESIDUAL>(), warp, cur);
+                                        fl, nullptr, eps, ahead, act, acc, scratch);
+        request<DIM, FFN, RESIDUAL>(wdl, ahead);
         grid_barrier(count, arrived += blocks, failed);
         product<DIM, FFN, RESIDUAL, false>(fl, nullptr, nullptr, wdl, sd + l * DIM, hl,
-                                           xl + DIM, sql + blocks, eps, cur, act, acc, scratch);
-        if (layer + 1 < LAYERS) load_unit(wq + QKV * DIM, Share<QKV, DIM, PLAIN>(), warp, cur);
+                                           xl + DIM, sql + blocks, eps, ahead, act, acc, scratch);
+        if (layer + 1 < LAYERS) request<QKV, DIM, PLAIN>(wq + QKV * DIM, ahead);
         grid_barrier(count, arrived += blocks, failed);
     }
 }

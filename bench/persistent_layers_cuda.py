@@ -2,7 +2,8 @@
 bench/persistent_layers.py: a persistent kernel written in CUDA, so that each block's registers,
 bytes in flight and barrier are chosen by hand rather than by Triton.
 
-A config reads "cuda THREADS PER_SM": threads a block, blocks an SM (all resident)."""
+A config reads "cuda THREADS PER_SM [AHEAD]": threads a block, blocks an SM (all resident), and
+units of weights (4 rows x 512 inputs) a warp requests before each barrier, 1 or 2."""
 
 from __future__ import annotations
 
@@ -28,21 +29,23 @@ _REGISTERS, _LOCAL_BYTES = 4, 3
 class CudaConfig:
     threads: int
     per_sm: int
+    ahead: int = 1
 
     @classmethod
     def parse(cls, text: str) -> CudaConfig:
-        word, threads, per_sm = text.split()
-        assert word == "cuda", f"a CUDA config reads 'cuda THREADS PER_SM': {text}"
-        return cls(int(threads), int(per_sm))
+        word, threads, per_sm, *ahead = text.split()
+        assert word == "cuda" and len(ahead) < 2, f"'cuda THREADS PER_SM [AHEAD]': {text}"
+        return cls(int(threads), int(per_sm), int(ahead[0]) if ahead else 1)
 
     def __str__(self) -> str:
-        return f"cuda {self.threads} {self.per_sm}"
+        ahead = f" {self.ahead}" if self.ahead != 1 else ""
+        return f"cuda {self.threads} {self.per_sm}{ahead}"
 
 
 def source(layers: Layers, config: CudaConfig) -> str:
     s = layers.shapes
-    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn,
-                   THREADS=config.threads, PER_SM=config.per_sm, SPINS=SPINS)  # fmt: skip
+    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn, THREADS=config.threads,
+                   PER_SM=config.per_sm, AHEAD=config.ahead, SPINS=SPINS)  # fmt: skip
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return head + SOURCE.read_text()
 
