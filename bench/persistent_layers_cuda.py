@@ -17,7 +17,7 @@ import torch
 if TYPE_CHECKING:
     from bench.persistent_layers import Layers
 
-SOURCE = Path(__file__).with_suffix(".cu")
+SOURCE = Path(__file__).with_name("persistent_layers.cu")
 MAX_ROWS = 256  # as the kernel's MAX_ROWS: weight rows a block may own in one product
 SPINS = 200_000  # polls before a barrier gives up: not all blocks resident
 

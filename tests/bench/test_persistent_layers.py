@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench.persistent_layers import DEFAULT_CONFIGS, LLAMA3_8B, Config
 
@@ -44,3 +45,16 @@ def test_a_config_carries_its_stages_and_register_cap() -> None:
     config = Config.parse(text)
     assert (config.stages, config.regs, config.ahead) == (4, 96, False)
     assert str(config) == text
+
+
+def test_a_cuda_config_reads_threads_blocks_and_units_ahead() -> None:
+    from bench.persistent_layers import Layers, Shapes
+    from bench.persistent_layers_cuda import CudaConfig, source
+
+    assert CudaConfig.parse("cuda 256 2") == CudaConfig(256, 2, 1)
+    assert str(CudaConfig.parse("cuda 512 1 2")) == "cuda 512 1 2"
+    with pytest.raises(AssertionError, match="THREADS PER_SM"):
+        CudaConfig.parse("cuda 256 2 2 2")
+    layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"))
+    text = source(layers, CudaConfig(256, 2, 2))
+    assert "#define AHEAD 2\n" in text and "#define FFN 128\n" in text
