@@ -50,9 +50,15 @@ def source(layers: Layers, config: CudaConfig) -> str:
     return head + SOURCE.read_text()
 
 
+def _libcuda() -> Any:
+    """The driver library torch loaded for its compiled kernels (renamed across versions)."""
+    utils = torch.cuda._utils
+    return getattr(utils, "_get_gpu_runtime_library", None) or utils._get_cuda_library
+
+
 def _attribute(kernel: Any, attribute: int) -> int:
     value = ctypes.c_int()
-    libcuda = torch.cuda._utils._get_gpu_runtime_library()
+    libcuda = _libcuda()()
     libcuda.cuFuncGetAttribute(ctypes.byref(value), attribute, kernel.func)
     return value.value
 
@@ -60,7 +66,7 @@ def _attribute(kernel: Any, attribute: int) -> int:
 def _resident(kernel: Any, threads: int, shared: int) -> int:
     """Blocks of the kernel that fit one SM at once, by the driver's occupancy calculator."""
     blocks = ctypes.c_int()
-    libcuda = torch.cuda._utils._get_gpu_runtime_library()
+    libcuda = _libcuda()()
     libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
         ctypes.byref(blocks), kernel.func, threads, ctypes.c_size_t(shared)
     )
