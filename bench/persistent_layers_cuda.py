@@ -2,8 +2,10 @@
 bench/persistent_layers.py: a persistent kernel written in CUDA, so that each block's registers,
 bytes in flight and barrier are chosen by hand rather than by Triton.
 
-A config reads "cuda THREADS PER_SM [AHEAD]": threads a block, blocks an SM (all resident), and
-units of weights (4 rows x 512 inputs) a warp requests before each barrier, 1 or 2."""
+A config reads "cuda THREADS PER_SM [AHEAD [SKIP]]": threads a block, blocks an SM (all
+resident), units of weights (4 rows x 512 inputs) a warp requests before each barrier (1 or 2),
+and, to take the time apart, what to skip: 1 the barriers' waits, 2 the inputs' loads, 3 both
+(wrong results)."""
 
 from __future__ import annotations
 
@@ -30,22 +32,32 @@ class CudaConfig:
     threads: int
     per_sm: int
     ahead: int = 1
+    skip: int = 0
 
     @classmethod
     def parse(cls, text: str) -> CudaConfig:
-        word, threads, per_sm, *ahead = text.split()
-        assert word == "cuda" and len(ahead) < 2, f"'cuda THREADS PER_SM [AHEAD]': {text}"
-        return cls(int(threads), int(per_sm), int(ahead[0]) if ahead else 1)
+        word, *numbers = text.split()
+        assert word == "cuda" and 2 <= len(numbers) <= 4, (
+            f"'cuda THREADS PER_SM [AHEAD [SKIP]]': {text}"
+        )
+        return cls(*(int(n) for n in numbers))
 
     def __str__(self) -> str:
-        ahead = f" {self.ahead}" if self.ahead != 1 else ""
-        return f"cuda {self.threads} {self.per_sm}{ahead}"
+        tail = (
+            f" {self.ahead} {self.skip}"
+            if self.skip
+            else f" {self.ahead}"
+            if self.ahead != 1
+            else ""
+        )
+        return f"cuda {self.threads} {self.per_sm}{tail}"
 
 
 def source(layers: Layers, config: CudaConfig) -> str:
     s = layers.shapes
-    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn, THREADS=config.threads,
-                   PER_SM=config.per_sm, AHEAD=config.ahead, SPINS=SPINS)  # fmt: skip
+    c = config
+    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn, THREADS=c.threads,
+                   PER_SM=c.per_sm, AHEAD=c.ahead, SKIP=c.skip, SPINS=SPINS)  # fmt: skip
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return head + SOURCE.read_text()
 

@@ -54,7 +54,7 @@ def test_a_cuda_config_reads_threads_blocks_and_units_ahead() -> None:
     assert CudaConfig.parse("cuda 256 2") == CudaConfig(256, 2, 1)
     assert str(CudaConfig.parse("cuda 512 1 2")) == "cuda 512 1 2"
     with pytest.raises(AssertionError, match="THREADS PER_SM"):
-        CudaConfig.parse("cuda 256 2 2 2")
+        CudaConfig.parse("cuda 256 2 2 2 2")
     layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"))
     text = source(layers, CudaConfig(256, 2, 2))
     assert "#define AHEAD 2\n" in text and "#define FFN 128\n" in text
