@@ -6,9 +6,10 @@
 // Why CUDA: a Triton kernel holds the registers of its largest product and keeps one tile in
 // flight a program. Here every block owns a contiguous share of each product's rows, its warps
 // stream 4-row x 512-input units of weights with the next unit requested before the current one
-// is used, and each warp's first unit of the next product is requested before the grid-wide
-// barrier, so the memory stays busy while the blocks wait for each other. Blocks must all be
-// resident (the host launches PER_SM an SM, which __launch_bounds__ makes fit).
+// is used, and each warp's first units of the next product are requested between the block's
+// arrival at the grid-wide barrier and its wait there, so the memory stays busy while the blocks
+// wait for each other. Blocks must all be resident (the host launches PER_SM an SM, which
+// __launch_bounds__ makes fit).
 //
 // Weights: int8 rows of K inputs (gate/up: FFN gate rows, then FFN up rows), one fp32 scale a row.
 // Activations bf16 (as raw 16-bit words: no header needed under NVRTC). A byte q of a weight
@@ -67,19 +68,24 @@ __device__ float block_sum(float v, float* scratch) {
     return warp_sum(total);
 }
 
-// Arrive, then wait until `target` arrivals in all: the pattern of cooperative groups' grid sync,
-// bounded (a grid that is not all resident sets *failed instead of hanging).
-__device__ void grid_barrier(unsigned* count, unsigned target, int* failed) {
+// The grid-wide barrier, in two halves so that a block can request the next product's weights
+// between them: `arrive` publishes the block's stores (the CTA barrier orders them before thread
+// 0's release add, which is cumulative), `wait` polls until `target` arrivals in all (acquire),
+// bounded: a grid that is not all resident sets *failed instead of hanging. Nothing the block
+// requested before arriving is waited for by the release (a fence would wait for its loads).
+__device__ __forceinline__ void arrive(unsigned* count) {
     __syncthreads();
+    if (threadIdx.x == 0 && !(SKIP & 1))
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+}
+
+__device__ __forceinline__ void wait(unsigned* count, unsigned target, int* failed) {
     if (threadIdx.x == 0 && !(SKIP & 1)) {
-        __threadfence();
-        atomicAdd(count, 1u);
         unsigned seen = target, spins = 0;
         if (!*(volatile int*)failed) do {  // once one barrier gave up, the rest do not wait
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count));
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
         } while (seen < target && ++spins < SPINS);
         if (seen < target) *failed = 1;
-        __threadfence();
     }
     __syncthreads();
 }
@@ -116,7 +122,7 @@ __device__ __forceinline__ void load_unit(const int8* w, const Share<N, K, MODE>
     }
 }
 
-// A warp's first AHEAD units of a product, requested before the barrier in front of it.
+// A warp's first AHEAD units of a product, requested while the barrier in front of it waits.
 template <int N, int K, int MODE>
 __device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLOTS]) {
     const Share<N, K, MODE> s;
@@ -126,7 +132,7 @@ __device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLO
 }
 
 // One product: this block's rows of out = epilogue(W · prologue(x)). `ahead` holds this warp's
-// first units, requested before the barrier that precedes the call.
+// first units, requested while the barrier in front of the call waited.
 template <int N, int K, int MODE, bool NORM>
 __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const int8* w,
                         const float* scale, const bf16* res, bf16* out, float* sq_out, float eps,
@@ -275,19 +281,24 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
         const int8 *wg = wgu + l * 2 * FFN * DIM, *wdl = wd + l * DIM * FFN;
         product<QKV, DIM, PLAIN, true>(xl, sql, gattn + l * DIM, wq, sqkv + l * QKV, nullptr, ql,
                                        nullptr, eps, ahead, act, acc, scratch);
+        arrive(count);
         request<DIM, DIM, RESIDUAL>(wol, ahead);
-        grid_barrier(count, arrived += blocks, failed);
+        wait(count, arrived += blocks, failed);
         product<DIM, DIM, RESIDUAL, false>(ql, nullptr, nullptr, wol, so + l * DIM, xl, hl, hsql,
                                            eps, ahead, act, acc, scratch);
+        arrive(count);
         request<FFN, DIM, SWIGLU>(wg, ahead);
-        grid_barrier(count, arrived += blocks, failed);
+        wait(count, arrived += blocks, failed);
         product<FFN, DIM, SWIGLU, true>(hl, hsql, gffn + l * DIM, wg, sgu + l * 2 * FFN, nullptr,
                                         fl, nullptr, eps, ahead, act, acc, scratch);
+        arrive(count);
         request<DIM, FFN, RESIDUAL>(wdl, ahead);
-        grid_barrier(count, arrived += blocks, failed);
+        wait(count, arrived += blocks, failed);
         product<DIM, FFN, RESIDUAL, false>(fl, nullptr, nullptr, wdl, sd + l * DIM, hl,
                                            xl + DIM, sql + blocks, eps, ahead, act, acc, scratch);
-        if (layer + 1 < LAYERS) request<QKV, DIM, PLAIN>(wq + QKV * DIM, ahead);
-        grid_barrier(count, arrived += blocks, failed);
+        if (layer + 1 == LAYERS) break;
+        arrive(count);
+        request<QKV, DIM, PLAIN>(wq + QKV * DIM, ahead);
+        wait(count, arrived += blocks, failed);
     }
 }
