@@ -18,8 +18,9 @@
 // lane over its 16 inputs.
 //
 // Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, AHEAD
-// (units a warp requests before each barrier: 1 or 2), SPINS, and SKIP: for timing only, 1 skips
-// the grid barriers' waits, 2 the inputs' loads (wrong results either way).
+// (units a warp requests while each barrier waits: 1 or 2), NAP (ns between a barrier's polls),
+// SPINS, and SKIP: for timing only, 1 skips the grid barriers' waits, 2 the inputs' loads (wrong
+// results either way).
 
 #define WARPS (THREADS / 32)
 #define CHUNK 512           // inputs a warp's unit spans: 16 bytes a lane
@@ -84,6 +85,7 @@ __device__ __forceinline__ void wait(unsigned* count, unsigned target, int* fail
         unsigned seen = target, spins = 0;
         if (!*(volatile int*)failed) do {  // once one barrier gave up, the rest do not wait
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+            if (NAP && seen < target) __nanosleep(NAP);  // fewer polls on the arrivals' line
         } while (seen < target && ++spins < SPINS);
         if (seen < target) *failed = 1;
     }

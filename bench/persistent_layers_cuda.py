@@ -2,10 +2,10 @@
 bench/persistent_layers.py: a persistent kernel written in CUDA, so that each block's registers,
 bytes in flight and barrier are chosen by hand rather than by Triton.
 
-A config reads "cuda THREADS PER_SM [AHEAD [SKIP]]": threads a block, blocks an SM (all
-resident), units of weights (4 rows x 512 inputs) a warp requests before each barrier (1 or 2),
-and, to take the time apart, what to skip: 1 the barriers' waits, 2 the inputs' loads, 3 both
-(wrong results)."""
+A config reads "cuda THREADS PER_SM [ahead=N] [nap=NS] [skip=N]": threads a block, blocks an SM
+(all resident), units of weights (4 rows x 512 inputs) a warp requests while each barrier waits
+(1 or 2), nanoseconds a barrier's poller sleeps between polls (0: none), and, to take the time
+apart, what to leave out: 1 the barriers' waits, 2 the inputs' loads, 3 both (wrong results)."""
 
 from __future__ import annotations
 
@@ -32,32 +32,28 @@ class CudaConfig:
     threads: int
     per_sm: int
     ahead: int = 1
+    nap: int = 0
     skip: int = 0
 
     @classmethod
     def parse(cls, text: str) -> CudaConfig:
-        word, *numbers = text.split()
-        assert word == "cuda" and 2 <= len(numbers) <= 4, (
-            f"'cuda THREADS PER_SM [AHEAD [SKIP]]': {text}"
-        )
-        return cls(*(int(n) for n in numbers))
+        word, threads, per_sm, *options = text.split()
+        assert word == "cuda", f"'cuda THREADS PER_SM [ahead=N] [nap=NS] [skip=N]': {text}"
+        pairs = {k: int(v) for k, v in (o.split("=") for o in options)}
+        assert set(pairs) <= {"ahead", "nap", "skip"}, f"options ahead, nap, skip: {text}"
+        return cls(int(threads), int(per_sm), **pairs)
 
     def __str__(self) -> str:
-        tail = (
-            f" {self.ahead} {self.skip}"
-            if self.skip
-            else f" {self.ahead}"
-            if self.ahead != 1
-            else ""
-        )
-        return f"cuda {self.threads} {self.per_sm}{tail}"
+        defaults = {"ahead": 1, "nap": 0, "skip": 0}
+        options = [f"{k}={getattr(self, k)}" for k, v in defaults.items() if getattr(self, k) != v]
+        return " ".join([f"cuda {self.threads} {self.per_sm}", *options])
 
 
 def source(layers: Layers, config: CudaConfig) -> str:
     s = layers.shapes
     c = config
     defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn, THREADS=c.threads,
-                   PER_SM=c.per_sm, AHEAD=c.ahead, SKIP=c.skip, SPINS=SPINS)  # fmt: skip
+                   PER_SM=c.per_sm, AHEAD=c.ahead, NAP=c.nap, SKIP=c.skip, SPINS=SPINS)  # fmt: skip
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return head + SOURCE.read_text()
 
