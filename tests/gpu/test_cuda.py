@@ -703,3 +703,17 @@ def test_fp8_graphs_equal_eager_and_stay_close_to_bf16(default_model: Path) -> N
     a = bf16.model.logits(bf16.forward([SeqInput("s", chunk, 0, table)]))
     b = fp8.model.logits(fp8.forward([SeqInput("s", chunk, 0, table)]))
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.7
+
+
+@pytest.mark.parametrize("config", ["cuda 512 1", "cuda 256 2 ahead=2"])
+def test_persistent_cuda_layers_agree_with_the_launched_chain(config: str) -> None:
+    """bench/persistent_layers.cu (NVRTC) against the engine's row kernels on two int8 layers of
+    LLaMA-3-8B shapes: every barrier completes and the stream agrees (another summation order)."""
+    from bench.persistent_layers import EPS, LLAMA3_8B, Layers, relative_error
+    from bench.persistent_layers_cuda import CudaConfig, persistent
+
+    layers = Layers(LLAMA3_8B, 2, CUDA)
+    run, completed, _ = persistent(layers, CudaConfig.parse(config), EPS)
+    got = run()
+    assert completed()
+    assert relative_error(got, layers.launched()) < 2e-2
