@@ -19,6 +19,7 @@
 //
 // Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, AHEAD
 // (units a warp requests while each barrier waits: 1 or 2), NAP (ns between a barrier's polls),
+// FLAG (poll a flag the last arrival sets rather than the counter),
 // SPINS, and SKIP: for timing only, 1 skips the grid barriers' waits, 2 the inputs' loads (wrong
 // results either way).
 
@@ -74,18 +75,32 @@ __device__ float block_sum(float v, float* scratch) {
 // 0's release add, which is cumulative), `wait` polls until `target` arrivals in all (acquire),
 // bounded: a grid that is not all resident sets *failed instead of hanging. Nothing the block
 // requested before arriving is waited for by the release (a fence would wait for its loads).
-__device__ __forceinline__ void arrive(unsigned* count) {
+// With FLAG the blocks poll a line of their own instead of the arrivals' counter: the last to
+// arrive (its add returns target - 1, acquiring every other arrival) releases `target` there.
+#define FLAG_OFFSET 32  // words past the counter: another 128-byte line
+__device__ __forceinline__ void arrive(unsigned* count, unsigned target) {
     __syncthreads();
-    if (threadIdx.x == 0 && !(SKIP & 1))
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+    if (threadIdx.x == 0 && !(SKIP & 1)) {
+        if (FLAG) {
+            unsigned old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                         : "=r"(old) : "l"(count) : "memory");
+            if (old == target - 1)
+                asm volatile("st.release.gpu.global.u32 [%0], %1;"
+                             ::"l"(count + FLAG_OFFSET), "r"(target) : "memory");
+        } else {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        }
+    }
 }
 
 __device__ __forceinline__ void wait(unsigned* count, unsigned target, int* failed) {
     if (threadIdx.x == 0 && !(SKIP & 1)) {
+        const unsigned* line = FLAG ? count + FLAG_OFFSET : count;
         unsigned seen = target, spins = 0;
         if (!*(volatile int*)failed) do {  // once one barrier gave up, the rest do not wait
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-            if (NAP && seen < target) __nanosleep(NAP);  // fewer polls on the arrivals' line
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(line) : "memory");
+            if (NAP && seen < target) __nanosleep(NAP);  // fewer polls on the line
         } while (seen < target && ++spins < SPINS);
         if (seen < target) *failed = 1;
     }
@@ -283,24 +298,24 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
         const int8 *wg = wgu + l * 2 * FFN * DIM, *wdl = wd + l * DIM * FFN;
         product<QKV, DIM, PLAIN, true>(xl, sql, gattn + l * DIM, wq, sqkv + l * QKV, nullptr, ql,
                                        nullptr, eps, ahead, act, acc, scratch);
-        arrive(count);
+        arrive(count, arrived += blocks);
         request<DIM, DIM, RESIDUAL>(wol, ahead);
-        wait(count, arrived += blocks, failed);
+        wait(count, arrived, failed);
         product<DIM, DIM, RESIDUAL, false>(ql, nullptr, nullptr, wol, so + l * DIM, xl, hl, hsql,
                                            eps, ahead, act, acc, scratch);
-        arrive(count);
+        arrive(count, arrived += blocks);
         request<FFN, DIM, SWIGLU>(wg, ahead);
-        wait(count, arrived += blocks, failed);
+        wait(count, arrived, failed);
         product<FFN, DIM, SWIGLU, true>(hl, hsql, gffn + l * DIM, wg, sgu + l * 2 * FFN, nullptr,
                                         fl, nullptr, eps, ahead, act, acc, scratch);
-        arrive(count);
+        arrive(count, arrived += blocks);
         request<DIM, FFN, RESIDUAL>(wdl, ahead);
-        wait(count, arrived += blocks, failed);
+        wait(count, arrived, failed);
         product<DIM, FFN, RESIDUAL, false>(fl, nullptr, nullptr, wdl, sd + l * DIM, hl,
                                            xl + DIM, sql + blocks, eps, ahead, act, acc, scratch);
         if (layer + 1 == LAYERS) break;
-        arrive(count);
+        arrive(count, arrived += blocks);
         request<QKV, DIM, PLAIN>(wq + QKV * DIM, ahead);
-        wait(count, arrived += blocks, failed);
+        wait(count, arrived, failed);
     }
 }

@@ -2,10 +2,12 @@
 bench/persistent_layers.py: a persistent kernel written in CUDA, so that each block's registers,
 bytes in flight and barrier are chosen by hand rather than by Triton.
 
-A config reads "cuda THREADS PER_SM [ahead=N] [nap=NS] [skip=N]": threads a block, blocks an SM
-(all resident), units of weights (4 rows x 512 inputs) a warp requests while each barrier waits
-(1 or 2), nanoseconds a barrier's poller sleeps between polls (0: none), and, to take the time
-apart, what to leave out: 1 the barriers' waits, 2 the inputs' loads, 3 both (wrong results)."""
+A config reads "cuda THREADS PER_SM [ahead=N] [nap=NS] [flag=1] [skip=N]": threads a block,
+blocks an SM (all resident), units of weights (4 rows x 512 inputs) a warp requests while each
+barrier waits (1 or 2), nanoseconds a barrier's poller sleeps between polls (0: none), whether
+the blocks poll a flag the last arrival sets instead of the arrivals' counter, and, to take the
+time apart, what to leave out: 1 the barriers' waits, 2 the inputs' loads, 3 both (wrong
+results)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ SOURCE = Path(__file__).with_name("persistent_layers.cu")
 MAX_ROWS = 256  # as the kernel's MAX_ROWS: weight rows a block may own in one product
 SPINS = 200_000  # polls before a barrier gives up: not all blocks resident
 
+_DEFAULTS = {"ahead": 1, "nap": 0, "flag": 0, "skip": 0}  # a config's options
 # cuFuncGetAttribute's attributes
 _REGISTERS, _LOCAL_BYTES = 4, 3
 
@@ -33,27 +36,27 @@ class CudaConfig:
     per_sm: int
     ahead: int = 1
     nap: int = 0
+    flag: int = 0
     skip: int = 0
 
     @classmethod
     def parse(cls, text: str) -> CudaConfig:
         word, threads, per_sm, *options = text.split()
-        assert word == "cuda", f"'cuda THREADS PER_SM [ahead=N] [nap=NS] [skip=N]': {text}"
+        assert word == "cuda", f"'cuda THREADS PER_SM [ahead=N] [nap=NS] [flag=1] [skip=N]': {text}"
         pairs = {k: int(v) for k, v in (o.split("=") for o in options)}
-        assert set(pairs) <= {"ahead", "nap", "skip"}, f"options ahead, nap, skip: {text}"
+        assert set(pairs) <= set(_DEFAULTS), f"options {', '.join(_DEFAULTS)}: {text}"
         return cls(int(threads), int(per_sm), **pairs)
 
     def __str__(self) -> str:
-        defaults = {"ahead": 1, "nap": 0, "skip": 0}
-        options = [f"{k}={getattr(self, k)}" for k, v in defaults.items() if getattr(self, k) != v]
+        options = [f"{k}={getattr(self, k)}" for k, v in _DEFAULTS.items() if getattr(self, k) != v]
         return " ".join([f"cuda {self.threads} {self.per_sm}", *options])
 
 
 def source(layers: Layers, config: CudaConfig) -> str:
     s = layers.shapes
-    c = config
-    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn, THREADS=c.threads,
-                   PER_SM=c.per_sm, AHEAD=c.ahead, NAP=c.nap, SKIP=c.skip, SPINS=SPINS)  # fmt: skip
+    options = {k.upper(): getattr(config, k) for k in _DEFAULTS}
+    defines = dict(LAYERS=layers.layers, DIM=s.dim, QKV=s.qkv, FFN=s.ffn, THREADS=config.threads,
+                   PER_SM=config.per_sm, SPINS=SPINS, **options)  # fmt: skip
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return head + SOURCE.read_text()
 
@@ -105,7 +108,7 @@ def persistent(layers: Layers, config: CudaConfig, eps: float) -> tuple[Any, Any
     h = torch.empty(n, s.dim, dtype=torch.bfloat16, device=device)
     hsq = torch.empty(n, blocks, dtype=torch.float32, device=device)
     hidden = torch.empty(n, s.ffn, dtype=torch.bfloat16, device=device)
-    count = torch.zeros(1, dtype=torch.int32, device=device)
+    count = torch.zeros(64, dtype=torch.int32, device=device)  # the counter; FLAG_OFFSET on
     failed = torch.zeros(1, dtype=torch.int32, device=device)
     args = [x, sq, qkv, h, hsq, hidden, layers.qkv[0], layers.qkv[1], layers.o[0], layers.o[1],
             layers.gu[0], layers.gu[1], layers.down[0], layers.down[1], layers.attn_norm,
