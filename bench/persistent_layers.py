@@ -15,6 +15,9 @@ before another program wrote it.
 
     python -m bench.persistent_layers [--layers 16] [--config "528 4 qkv=8,1024 ..."] [--json PATH]
 
+The same layers also run in a persistent kernel written in CUDA (bench/persistent_layers.cu, a
+config that starts with "cuda": bench/persistent_layers_cuda.py says how it reads).
+
 A config is the number of programs, warps a program, then tiles (rows, inputs) by product;
 "stages=N" to copy a tile's later weights into shared memory N - 1 chunks ahead, "regs=N" to cap
 the registers a thread (Triton's maxnreg: more programs an SM, spills past it), and "late" to
@@ -381,16 +384,17 @@ def resident(kernel: Any, warps: int) -> int:
     return min(by_regs, by_shared, by_warps, 32)
 
 
-# Registers decide how many programs stay resident: at sm_90 about 128 a thread for tiles of
-# 512 inputs, 168 with down's 2,048, 208-255 for wider tiles (8 warps: one program an SM).
-# 512 and 256 programs divide every product's tiles evenly.
+# Triton: registers decide how many programs stay resident, about 128 a thread for tiles of 512
+# inputs (512 programs divide every product's tiles evenly); capping them (regs=) or more stages
+# lost on an H100 (bench/RESULTS-gpu.md, session 62). CUDA: one block of 512 threads an SM, one
+# unit ahead, and the same with the barriers' waits left out (what the barriers cost).
 DEFAULT_CONFIGS = [
     "512 4 qkv=4,512 o=8,512 gu=8,512 down=8,512",
-    "512 4 qkv=4,512 o=8,512 gu=8,512 down=8,512 late",
-    "256 4 qkv=4,512 o=8,512 gu=8,512 down=8,512",
-    "396 4 qkv=4,1024 o=8,1024 gu=8,1024 down=8,2048",
-    "264 4 qkv=8,1024 o=8,1024 gu=32,512 down=8,2048",
-    "132 8 qkv=8,2048 o=8,2048 gu=8,2048 down=8,2048",
+    "512 4 qkv=4,512 o=8,512 gu=8,512 down=8,512 stages=4",
+    "cuda 512 1",
+    "cuda 256 2",
+    "cuda 512 1 ahead=2",
+    "cuda 512 1 skip=1",
 ]
 
 
