@@ -19,7 +19,8 @@
 //
 // Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, AHEAD
 // (units a warp requests while each barrier waits: 1 or 2), NAP (ns between a barrier's polls),
-// FLAG (poll a flag the last arrival sets rather than the counter),
+// FLAG (poll a flag the last arrival sets rather than the counter), DEEP (units a warp copies
+// into shared memory past its AHEAD while each barrier waits),
 // SPINS, and SKIP: for timing only, 1 skips the grid barriers' waits, 2 the inputs' loads (wrong
 // results either way).
 
@@ -139,13 +140,39 @@ __device__ __forceinline__ void load_unit(const int8* w, const Share<N, K, MODE>
     }
 }
 
-// A warp's first AHEAD units of a product, requested while the barrier in front of it waits.
+// The DEEP units after a warp's first AHEAD, copied into shared memory (cp.async, no registers
+// held): this warp's slots of `deep`, [WARPS][DEEP][SLOTS][32 lanes] of 16 bytes. Each lane later
+// reads only the 16 bytes it copied, so waiting for its own copies suffices.
 template <int N, int K, int MODE>
-__device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLOTS]) {
+__device__ __forceinline__ void copy_units(const int8* w, const Share<N, K, MODE>& s, uint4* deep) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    asm volatile("cp.async.wait_all;" ::: "memory");  // the last product's copies, if unread
+#pragma unroll 1
+    for (int i = 0; i < DEEP; ++i) {
+        int unit = warp + (AHEAD + i) * WARPS;
+        int group = unit / s.CHUNKS, chunk = unit % s.CHUNKS;
+#pragma unroll
+        for (int slot = 0; slot < SLOTS; ++slot) {
+            int row = unit < s.units ? s.row(group, slot) : -1;
+            const int8* from = w + (row >= 0 ? (long long)row * K + chunk * CHUNK + lane * 16 : 0);
+            unsigned to = (unsigned)__cvta_generic_to_shared(
+                deep + ((warp * DEEP + i) * SLOTS + slot) * 32 + lane);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         ::"r"(to), "l"(from), "r"(row >= 0 ? 16 : 0) : "memory");  // 0: zeros
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// A warp's first AHEAD units of a product in registers (and DEEP more into shared memory),
+// requested while the barrier in front of it waits.
+template <int N, int K, int MODE>
+__device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLOTS], uint4* deep) {
     const Share<N, K, MODE> s;
     int warp = threadIdx.x / 32;
 #pragma unroll
     for (int i = 0; i < AHEAD; ++i) load_unit(w, s, warp + i * WARPS, ahead[i]);
+    if (DEEP) copy_units(w, s, deep);
 }
 
 // One product: this block's rows of out = epilogue(W · prologue(x)). `ahead` holds this warp's
@@ -153,7 +180,8 @@ __device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLO
 template <int N, int K, int MODE, bool NORM>
 __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const int8* w,
                         const float* scale, const bf16* res, bf16* out, float* sq_out, float eps,
-                        uint4 (&ahead)[AHEAD][SLOTS], float* act, float* acc, float* scratch) {
+                        uint4 (&ahead)[AHEAD][SLOTS], uint4* deep, float* act, float* acc,
+                        float* scratch) {
     const Share<N, K, MODE> s;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // The partial sums of squares the blocks wrote (at most two a thread: the host keeps
@@ -209,11 +237,16 @@ __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const 
     const float total = block_sum(part, scratch);  // Σ a (its syncthreads publish `act`)
 
     uint4(&cur)[SLOTS] = ahead[0];
-    for (int unit = warp; unit < s.units; unit += WARPS) {
-        uint4 next[SLOTS];
-        if (AHEAD > 1 && unit == warp) {
+    for (int unit = warp, later = 1; unit < s.units; unit += WARPS, ++later) {
+        uint4 next[SLOTS];  // the unit `later` units after the warp's first
+        if (AHEAD > 1 && later < AHEAD) {
 #pragma unroll
             for (int slot = 0; slot < SLOTS; ++slot) next[slot] = ahead[AHEAD - 1][slot];
+        } else if (DEEP && later < AHEAD + DEEP) {
+            if (later == AHEAD) asm volatile("cp.async.wait_all;" ::: "memory");
+            const uint4* slots = deep + (warp * DEEP + later - AHEAD) * SLOTS * 32 + lane;
+#pragma unroll
+            for (int slot = 0; slot < SLOTS; ++slot) next[slot] = slots[slot * 32];
         } else {
             load_unit(w, s, unit + WARPS, next);
         }
@@ -282,6 +315,7 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
        int* failed, double eps_in) {
     extern __shared__ float4 shared[];
     float* act = (float*)shared;           // FFN inputs at most
+    uint4* deep = (uint4*)(act + (DIM > FFN ? DIM : FFN));  // DEEP units a warp, past them
     __shared__ float acc[MAX_ROWS];        // the block's rows' dot products
     __shared__ float scratch[WARPS];
     const float eps = (float)eps_in;
@@ -289,7 +323,7 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
     uint4 ahead[AHEAD][SLOTS];
     unsigned arrived = 0;
 
-    request<QKV, DIM, PLAIN>(wqkv, ahead);
+    request<QKV, DIM, PLAIN>(wqkv, ahead, deep);
     for (int layer = 0; layer < LAYERS; ++layer) {
         const long long l = layer;
         bf16 *xl = x + l * DIM, *ql = qkv + l * QKV, *hl = h + l * DIM, *fl = hidden + l * FFN;
@@ -297,25 +331,25 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
         const int8 *wq = wqkv + l * QKV * DIM, *wol = wo + l * DIM * DIM;
         const int8 *wg = wgu + l * 2 * FFN * DIM, *wdl = wd + l * DIM * FFN;
         product<QKV, DIM, PLAIN, true>(xl, sql, gattn + l * DIM, wq, sqkv + l * QKV, nullptr, ql,
-                                       nullptr, eps, ahead, act, acc, scratch);
+                                       nullptr, eps, ahead, deep, act, acc, scratch);
         arrive(count, arrived += blocks);
-        request<DIM, DIM, RESIDUAL>(wol, ahead);
+        request<DIM, DIM, RESIDUAL>(wol, ahead, deep);
         wait(count, arrived, failed);
         product<DIM, DIM, RESIDUAL, false>(ql, nullptr, nullptr, wol, so + l * DIM, xl, hl, hsql,
-                                           eps, ahead, act, acc, scratch);
+                                           eps, ahead, deep, act, acc, scratch);
         arrive(count, arrived += blocks);
-        request<FFN, DIM, SWIGLU>(wg, ahead);
+        request<FFN, DIM, SWIGLU>(wg, ahead, deep);
         wait(count, arrived, failed);
         product<FFN, DIM, SWIGLU, true>(hl, hsql, gffn + l * DIM, wg, sgu + l * 2 * FFN, nullptr,
-                                        fl, nullptr, eps, ahead, act, acc, scratch);
+                                        fl, nullptr, eps, ahead, deep, act, acc, scratch);
         arrive(count, arrived += blocks);
-        request<DIM, FFN, RESIDUAL>(wdl, ahead);
+        request<DIM, FFN, RESIDUAL>(wdl, ahead, deep);
         wait(count, arrived, failed);
         product<DIM, FFN, RESIDUAL, false>(fl, nullptr, nullptr, wdl, sd + l * DIM, hl,
-                                           xl + DIM, sql + blocks, eps, ahead, act, acc, scratch);
+                                           xl + DIM, sql + blocks, eps, ahead, deep, act, acc, scratch);
         if (layer + 1 == LAYERS) break;
         arrive(count, arrived += blocks);
-        request<QKV, DIM, PLAIN>(wq + QKV * DIM, ahead);
+        request<QKV, DIM, PLAIN>(wq + QKV * DIM, ahead, deep);
         wait(count, arrived, failed);
     }
 }

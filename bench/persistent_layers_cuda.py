@@ -2,9 +2,10 @@
 bench/persistent_layers.py: a persistent kernel written in CUDA, so that each block's registers,
 bytes in flight and barrier are chosen by hand rather than by Triton.
 
-A config reads "cuda THREADS PER_SM [ahead=N] [nap=NS] [flag=1] [skip=N]": threads a block,
-blocks an SM (all resident), units of weights (4 rows x 512 inputs) a warp requests while each
-barrier waits (1 or 2), nanoseconds a barrier's poller sleeps between polls (0: none), whether
+A config reads "cuda THREADS PER_SM [ahead=N] [deep=N] [nap=NS] [flag=1] [skip=N]": threads a
+block, blocks an SM (all resident), units of weights (4 rows x 512 inputs) a warp requests into
+registers while each barrier waits (1 or 2) and how many more it copies into shared memory then,
+nanoseconds a barrier's poller sleeps between polls (0: none), whether
 the blocks poll a flag the last arrival sets instead of the arrivals' counter, and, to take the
 time apart, what to leave out: 1 the barriers' waits, 2 the inputs' loads, 3 both (wrong
 results)."""
@@ -25,7 +26,7 @@ SOURCE = Path(__file__).with_name("persistent_layers.cu")
 MAX_ROWS = 256  # as the kernel's MAX_ROWS: weight rows a block may own in one product
 SPINS = 200_000  # polls before a barrier gives up: not all blocks resident
 
-_DEFAULTS = {"ahead": 1, "nap": 0, "flag": 0, "skip": 0}  # a config's options
+_DEFAULTS = {"ahead": 1, "deep": 0, "nap": 0, "flag": 0, "skip": 0}  # a config's options
 # cuFuncGetAttribute's attributes
 _REGISTERS, _LOCAL_BYTES = 4, 3
 
@@ -35,6 +36,7 @@ class CudaConfig:
     threads: int
     per_sm: int
     ahead: int = 1
+    deep: int = 0
     nap: int = 0
     flag: int = 0
     skip: int = 0
@@ -42,7 +44,9 @@ class CudaConfig:
     @classmethod
     def parse(cls, text: str) -> CudaConfig:
         word, threads, per_sm, *options = text.split()
-        assert word == "cuda", f"'cuda THREADS PER_SM [ahead=N] [nap=NS] [flag=1] [skip=N]': {text}"
+        assert word == "cuda", (
+            f"'cuda THREADS PER_SM [ahead=N] [deep=N] [nap=NS] [flag=1] [skip=N]': {text}"
+        )
         pairs = {k: int(v) for k, v in (o.split("=") for o in options)}
         assert set(pairs) <= set(_DEFAULTS), f"options {', '.join(_DEFAULTS)}: {text}"
         return cls(int(threads), int(per_sm), **pairs)
@@ -94,7 +98,8 @@ def persistent(layers: Layers, config: CudaConfig, eps: float) -> tuple[Any, Any
     assert most + 4 <= MAX_ROWS, f"{blocks} blocks own up to {most} rows, over {MAX_ROWS}"
     assert blocks <= 2 * config.threads, f"{blocks} blocks: their sums of squares need more threads"
     kernel = torch.cuda._compile_kernel(source(layers, config), "layers")
-    shared = 4 * max(s.dim, s.ffn)
+    units = config.threads // 32 * config.deep * 4 * 512  # bytes of the warps' copied units
+    shared = 4 * max(s.dim, s.ffn) + units
     kernel.set_shared_memory_config(shared)
     fit = _resident(kernel, config.threads, shared)
     info = (f"{_attribute(kernel, _REGISTERS)} registers, {_attribute(kernel, _LOCAL_BYTES)} "

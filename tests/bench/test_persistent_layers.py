@@ -58,7 +58,7 @@ def test_a_cuda_config_reads_threads_blocks_and_units_ahead() -> None:
     assert CudaConfig.parse("cuda 256 2") == CudaConfig(256, 2)
     assert CudaConfig.parse("cuda 512 1 skip=1 ahead=2") == CudaConfig(512, 1, ahead=2, skip=1)
     assert str(CudaConfig.parse("cuda 512 1 nap=64 ahead=2")) == "cuda 512 1 ahead=2 nap=64"
-    with pytest.raises(AssertionError, match="ahead, nap, flag, skip"):
+    with pytest.raises(AssertionError, match="ahead, deep, nap, flag, skip"):
         CudaConfig.parse("cuda 256 2 stages=2")
     layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"))
     text = source(layers, CudaConfig(256, 2, ahead=2))

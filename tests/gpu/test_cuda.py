@@ -705,7 +705,7 @@ def test_fp8_graphs_equal_eager_and_stay_close_to_bf16(default_model: Path) -> N
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.7
 
 
-@pytest.mark.parametrize("config", ["cuda 512 1", "cuda 256 2 ahead=2 flag=1"])
+@pytest.mark.parametrize("config", ["cuda 512 1", "cuda 256 2 ahead=2 flag=1", "cuda 512 1 deep=4"])
 def test_persistent_cuda_layers_agree_with_the_launched_chain(config: str) -> None:
     """bench/persistent_layers.cu (NVRTC) against the engine's row kernels on two int8 layers of
     LLaMA-3-8B shapes: every barrier completes and the stream agrees (another summation order)."""
