@@ -311,6 +311,21 @@ class Layers:
             )  # fmt: skip
         return stream
 
+    def activations(self, sq_x: int, sq_h: int) -> tuple[torch.Tensor, ...]:
+        """Every layer's own activation buffers for a persistent kernel: the stream (the first
+        one in place) and its sq_x partial sums of squares, QKV, O's stream and its sq_h partial
+        sums, and gate/up's output."""
+        s, n, device, dt = self.shapes, self.layers, self.device, self.dtype
+        x = torch.zeros(n + 1, s.dim, dtype=dt, device=device)
+        x[0] = self.x0[0]
+        sq = torch.zeros(n + 1, sq_x, dtype=torch.float32, device=device)
+        sq[0, 0] = self.x0.float().square().sum()
+        qkv = torch.empty(n, s.qkv, dtype=dt, device=device)
+        h = torch.empty(n, s.dim, dtype=dt, device=device)
+        hsq = torch.empty(n, sq_h, dtype=torch.float32, device=device)
+        hidden = torch.empty(n, s.ffn, dtype=dt, device=device)
+        return x, sq, qkv, h, hsq, hidden
+
     def persistent(self, config: Config) -> tuple[Any, Any, list[Any]]:
         """A call that runs the persistent kernel (the stream after every layer is its result),
         a check that its barriers all completed, and (once it has run) the compiled kernel."""
@@ -322,14 +337,7 @@ class Layers:
         for name, (rows, width) in t.items():  # the kernel's tiles are whole: no masks
             assert outputs[name] % rows == 0, f"{name}: {outputs[name]} rows in tiles of {rows}"
             assert inputs[name] % width == 0, f"{name}: {inputs[name]} inputs in tiles of {width}"
-        x = torch.zeros(layers + 1, s.dim, dtype=self.dtype, device=device)
-        x[0] = self.x0[0]
-        sq = torch.zeros(layers + 1, sq_d, dtype=torch.float32, device=device)
-        sq[0, 0] = self.x0.float().square().sum()
-        qkv = torch.empty(layers, s.qkv, dtype=self.dtype, device=device)
-        h = torch.empty(layers, s.dim, dtype=self.dtype, device=device)
-        hsq = torch.empty(layers, sq_o, dtype=torch.float32, device=device)
-        act = torch.empty(layers, s.ffn, dtype=self.dtype, device=device)
+        x, sq, qkv, h, hsq, act = self.activations(sq_d, sq_o)
         count = torch.zeros(1, dtype=torch.int32, device=device)
         failed = torch.zeros(1, dtype=torch.int32, device=device)
         words = [w.view(torch.int32) for w, _ in (self.qkv, self.o, self.gu, self.down)]

@@ -105,14 +105,7 @@ def persistent(layers: Layers, config: CudaConfig, eps: float) -> tuple[Any, Any
     info = (f"{_attribute(kernel, _REGISTERS)} registers, {_attribute(kernel, _LOCAL_BYTES)} "
             f"bytes local, {fit} blocks an SM fit")  # fmt: skip
     assert fit >= config.per_sm, f"{config}: {info}"
-    x = torch.zeros(n + 1, s.dim, dtype=torch.bfloat16, device=device)
-    x[0] = layers.x0[0]
-    sq = torch.zeros(n + 1, blocks, dtype=torch.float32, device=device)
-    sq[0, 0] = layers.x0.float().square().sum()
-    qkv = torch.empty(n, s.qkv, dtype=torch.bfloat16, device=device)
-    h = torch.empty(n, s.dim, dtype=torch.bfloat16, device=device)
-    hsq = torch.empty(n, blocks, dtype=torch.float32, device=device)
-    hidden = torch.empty(n, s.ffn, dtype=torch.bfloat16, device=device)
+    x, sq, qkv, h, hsq, hidden = layers.activations(blocks, blocks)  # a partial sum a block
     count = torch.zeros(64, dtype=torch.int32, device=device)  # the counter; FLAG_OFFSET on
     failed = torch.zeros(1, dtype=torch.int32, device=device)
     args = [x, sq, qkv, h, hsq, hidden, layers.qkv[0], layers.qkv[1], layers.o[0], layers.o[1],
