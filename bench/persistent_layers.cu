@@ -18,13 +18,14 @@
 // lane over its 16 inputs.
 //
 // Compile-time constants come from the host: LAYERS, DIM, QKV, FFN, THREADS, PER_SM, AHEAD
-// (units a warp requests while each barrier waits: 1 or 2), NAP (ns between a barrier's polls),
+// (units a warp requests while each barrier waits: 0, 1 or 2), NAP (ns between a barrier's polls),
 // FLAG (poll a flag the last arrival sets rather than the counter), DEEP (units a warp copies
 // into shared memory past its AHEAD while each barrier waits),
 // SPINS, and SKIP: for timing only, 1 skips the grid barriers' waits, 2 the inputs' loads (wrong
 // results either way).
 
 #define WARPS (THREADS / 32)
+#define HELD (AHEAD > 0 ? AHEAD : 1)  // units a warp holds in registers across a barrier
 #define CHUNK 512           // inputs a warp's unit spans: 16 bytes a lane
 #define SLOTS 4             // weight rows a unit (gate/up: two gate/up pairs)
 #define MAX_ROWS 256        // weight rows a block may own in one product
@@ -167,7 +168,7 @@ __device__ __forceinline__ void copy_units(const int8* w, const Share<N, K, MODE
 // A warp's first AHEAD units of a product in registers (and DEEP more into shared memory),
 // requested while the barrier in front of it waits.
 template <int N, int K, int MODE>
-__device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLOTS], uint4* deep) {
+__device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[HELD][SLOTS], uint4* deep) {
     const Share<N, K, MODE> s;
     int warp = threadIdx.x / 32;
 #pragma unroll
@@ -180,7 +181,7 @@ __device__ __forceinline__ void request(const int8* w, uint4 (&ahead)[AHEAD][SLO
 template <int N, int K, int MODE, bool NORM>
 __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const int8* w,
                         const float* scale, const bf16* res, bf16* out, float* sq_out, float eps,
-                        uint4 (&ahead)[AHEAD][SLOTS], uint4* deep, float* act, float* acc,
+                        uint4 (&ahead)[HELD][SLOTS], uint4* deep, float* act, float* acc,
                         float* scratch) {
     const Share<N, K, MODE> s;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -237,6 +238,7 @@ __device__ void product(const bf16* x, const float* sq_in, const bf16* g, const 
     const float total = block_sum(part, scratch);  // Σ a (its syncthreads publish `act`)
 
     uint4(&cur)[SLOTS] = ahead[0];
+    if (AHEAD == 0) load_unit(w, s, warp, cur);  // nothing requested before the barrier
     for (int unit = warp, later = 1; unit < s.units; unit += WARPS, ++later) {
         uint4 next[SLOTS];  // the unit `later` units after the warp's first
         if (AHEAD > 1 && later < AHEAD) {
@@ -320,7 +322,7 @@ layers(bf16* x, float* sq, bf16* qkv, bf16* h, float* hsq, bf16* hidden, const i
     __shared__ float scratch[WARPS];
     const float eps = (float)eps_in;
     const unsigned blocks = gridDim.x;
-    uint4 ahead[AHEAD][SLOTS];
+    uint4 ahead[HELD][SLOTS];
     unsigned arrived = 0;
 
     request<QKV, DIM, PLAIN>(wqkv, ahead, deep);

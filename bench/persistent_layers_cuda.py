@@ -4,7 +4,7 @@ bytes in flight and barrier are chosen by hand rather than by Triton.
 
 A config reads "cuda THREADS PER_SM [ahead=N] [deep=N] [nap=NS] [flag=1] [skip=N]": threads a
 block, blocks an SM (all resident), units of weights (4 rows x 512 inputs) a warp requests into
-registers while each barrier waits (1 or 2) and how many more it copies into shared memory then,
+registers while each barrier waits (0, 1 or 2) and how many more it copies into shared memory then,
 nanoseconds a barrier's poller sleeps between polls (0: none), whether
 the blocks poll a flag the last arrival sets instead of the arrivals' counter, and, to take the
 time apart, what to leave out: 1 the barriers' waits, 2 the inputs' loads, 3 both (wrong
@@ -49,7 +49,9 @@ class CudaConfig:
         )
         pairs = {k: int(v) for k, v in (o.split("=") for o in options)}
         assert set(pairs) <= set(_DEFAULTS), f"options {', '.join(_DEFAULTS)}: {text}"
-        return cls(int(threads), int(per_sm), **pairs)
+        config = cls(int(threads), int(per_sm), **pairs)
+        assert config.ahead > 0 or not config.deep, f"deep copies follow units in registers: {text}"
+        return config
 
     def __str__(self) -> str:
         options = [f"{k}={getattr(self, k)}" for k, v in _DEFAULTS.items() if getattr(self, k) != v]
