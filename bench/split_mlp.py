@@ -28,7 +28,14 @@ import triton
 import triton.language as tl
 
 from bench.cli import first_paragraph, json_option
-from bench.persistent_layers import EPS, LLAMA3_8B, Layers, Shapes, relative_error
+from bench.persistent_layers import (
+    EPS,
+    LLAMA3_8B,
+    Layers,
+    Shapes,
+    relative_error,
+    time_chains,
+)
 from engine.kernels.row_gemv import _ONE, NORM, RESIDUAL, _first_ahead, _int8_product, row_gemv
 
 
@@ -216,7 +223,6 @@ DEFAULT_BF16_CONFIGS = [  # row_gemv's bf16 tile is 4 rows of 2,048 inputs, 8 wa
 
 def main() -> None:
     from bench.gpu_measure import copy_bandwidth
-    from bench.row_tiles import graph_seconds
 
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--layers", type=int, default=16)
@@ -246,14 +252,7 @@ def main() -> None:
             continue
         print(f"{text}: error {relative_error(got, expected):.1e}")
         candidates.append((f"split MLP {text}", run))
-    print(f"{'chain':<44} {'round':>5} {'µs a layer':>10} {'of floor':>8}")
-    rows = []
-    for r in range(args.rounds):
-        for label, call in candidates if r % 2 == 0 else candidates[::-1]:
-            seconds = graph_seconds([call]) / args.layers
-            share = floor / seconds
-            print(f"{label:<44} {r:>5} {seconds * 1e6:>10.1f} {share:>8.1%}", flush=True)
-            rows.append(dict(chain=label, round=r, seconds=seconds, of_floor=share))
+    rows = time_chains(candidates, args.layers, floor, args.rounds)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, rows=rows,
                   layers=args.layers, weights=args.weights, floor_seconds=floor)  # fmt: skip
