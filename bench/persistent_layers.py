@@ -255,46 +255,36 @@ def _layers(
 
 
 class Layers:
-    """Random layers of the given shapes, int8 with a scale a row (or those weights times their
-    scales in bf16, int8=False), stacked (layer, rows, inputs) for the persistent kernel; both
-    chains start from the same stream. Activations in bf16 (fp32 on the CPU, whose interpreter
-    has no bf16)."""
+    """Random int8 layers of the given shapes, stacked (layer, rows, inputs) for the persistent
+    kernel; both chains start from the same stream. Activations in bf16 (fp32 on the CPU, whose
+    interpreter has no bf16)."""
 
-    def __init__(
-        self, shapes: Shapes, layers: int, device: torch.device, seed: int = 0, int8: bool = True
-    ) -> None:
+    def __init__(self, shapes: Shapes, layers: int, device: torch.device, seed: int = 0) -> None:
         gen = torch.Generator(device=device).manual_seed(seed)
         d, q, f = shapes.dim, shapes.qkv, shapes.ffn
-        self.shapes, self.layers, self.device, self.int8 = shapes, layers, device, int8
-        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.shapes, self.layers, self.device = shapes, layers, device
 
-        def weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             w = torch.randint(-127, 128, (layers, n, k), generator=gen, device=device)
             scale = (torch.rand(layers, n, generator=gen, device=device) + 0.5) / (127 * k**0.5)
-            if int8:
-                return w.to(torch.int8), scale
-            return (w * scale[..., None]).to(self.dtype), None
+            return w.to(torch.int8), scale
 
         self.qkv, self.o = weight(q, d), weight(d, d)
         self.gu, self.down = weight(2 * f, d), weight(d, f)
         norms = torch.rand(2, layers, d, generator=gen, device=device) + 0.5
+        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         self.attn_norm, self.ffn_norm = norms.to(self.dtype)
         self.x0 = torch.randn(1, d, generator=gen, device=device).to(self.dtype)
-        # As engine/row_decode.py: int8 gate/up on the tensor cores where they fit (decided
-        # here: `fits` reads the norm weights, which a CUDA graph's capture cannot).
-        self.gu_tc = (
-            int8
-            and tc.available(device)
-            and all(tc.fits(2 * f, d, SWIGLU, g) for g in self.ffn_norm)
+        # As engine/row_decode.py: gate/up on the tensor cores where they fit (decided here:
+        # `fits` reads the norm weights, which a CUDA graph's capture cannot).
+        self.gu_tc = tc.available(device) and all(
+            tc.fits(2 * f, d, SWIGLU, g) for g in self.ffn_norm
         )
 
-    def weights(self, name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One layer's weights of a product (qkv, o, gu, down) and their scales (int8)."""
+    def weights(self, name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's int8 weights of a product (qkv, o, gu, down) and their scales."""
         w, scale = getattr(self, name)
-        return w[layer], None if scale is None else scale[layer]
-
-    def layer_bytes(self) -> int:
-        return self.shapes.layer_bytes() * (1 if self.int8 else 2)
+        return w[layer], scale[layer]
 
     def launched(self) -> torch.Tensor:
         """The stream after every layer, as engine/row_decode.py launches the products."""
@@ -311,7 +301,6 @@ class Layers:
             )
             (w, s), g = self.weights("gu", i), self.ffn_norm[i]
             if self.gu_tc:
-                assert s is not None
                 hidden, _ = tc.row_gemv_tc(
                     stream, w, s, norm_weight=g, squares=squares, eps=EPS, epilogue=SWIGLU,
                     pdl=pdl,
@@ -345,7 +334,6 @@ class Layers:
     def persistent(self, config: Config) -> tuple[Any, Any, list[Any]]:
         """A call that runs the persistent kernel (the stream after every layer is its result),
         a check that its barriers all completed, and (once it has run) the compiled kernel."""
-        assert self.int8, "the persistent kernel reads int8 weights"
         s, layers, device = self.shapes, self.layers, self.device
         t = config.tiles
         sq_d, sq_o = s.dim // t["down"][0], s.dim // t["o"][0]

@@ -99,7 +99,6 @@ def persistent(layers: Layers, config: CudaConfig, eps: float) -> tuple[Any, Any
     most = max(-(-s.qkv // blocks), -(-2 * s.ffn // blocks), -(-s.dim // blocks))
     assert most + 4 <= MAX_ROWS, f"{blocks} blocks own up to {most} rows, over {MAX_ROWS}"
     assert blocks <= 2 * config.threads, f"{blocks} blocks: their sums of squares need more threads"
-    assert layers.int8, "the persistent kernel reads int8 weights"
     kernel = torch.cuda._compile_kernel(source(layers, config), "layers")
     units = config.threads // 32 * config.deep * 4 * 512  # bytes of the warps' copied units
     shared = 4 * max(s.dim, s.ffn) + units

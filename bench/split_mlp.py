@@ -1,7 +1,7 @@
 """A layer's two MLP products in one kernel at batch 1, down split by the features each program
 computes and its partial outputs added atomically, chained through LLaMA-3-8B-shaped int8
-(or bf16) layers against the chain the engine launches: whether three launches a layer (QKV,
-O, the MLP) beat four. The launched chain's fixed costs are a few µs a dependency
+layers against the chain the engine launches: whether three launches a layer (QKV, O, the MLP)
+beat four. The launched chain's fixed costs are a few µs a dependency
 (bench/RESULTS-gpu.md, session 62); this removes one of a layer's four without a grid barrier.
 
 Per layer, as bench/persistent_layers.py's launched chain (engine/row_decode.py without
@@ -11,9 +11,15 @@ every output row and adds its 4,096 partial outputs into the layer's fp32 stream
 before the chain; program 0 also adds the residual. The next layer's QKV reads that fp32
 stream and sums its squares itself (no product wrote partial sums of them).
 
-    python -m bench.split_mlp [--weights int8|bf16] [--config "32 gu=16,1024 down=128 4"]
+    python -m bench.split_mlp [--layers 16] [--config "32 gu=16,1024 down=512 4"] [--json PATH]
 
-A config is F (features a program), gate/up's tile (rows, inputs), down's rows a tile, warps.
+A config is F (features a program), gate/up's tile (rows, inputs), down's rows a tile, warps,
+and "store" to store down's partial outputs instead of adding them (timing only).
+
+They do not: on an H100 the best config took 94.2 µs a layer against the launched chain's 79.9
+(bench/RESULTS-gpu.md, session 63); the atomic adds cost 1.5 µs of that, the rest is the
+kernel's streaming (gate/up on the CUDA cores instead of the tensor cores, down read F columns
+at a time).
 """
 
 from __future__ import annotations
@@ -45,17 +51,20 @@ class SplitConfig:
     gate_up: tuple[int, int]  # (rows, inputs) a tile; rows alternate gate and up
     down_rows: int  # down's rows a tile (F columns wide)
     warps: int
+    store: bool = False  # timing only: down's partial outputs stored, not added (wrong results)
 
     @classmethod
     def parse(cls, text: str) -> SplitConfig:
-        features, gu, down, warps = text.split()
+        features, gu, down, warps, *store = text.split()
         assert gu.startswith("gu=") and down.startswith("down="), f"F gu=R,C down=R warps: {text}"
+        assert store in ([], ["store"]), f"only 'store' may follow the warps: {text}"
         rows, inputs = gu[3:].split(",")
-        return cls(int(features), (int(rows), int(inputs)), int(down[5:]), int(warps))
+        return cls(int(features), (int(rows), int(inputs)), int(down[5:]), int(warps), bool(store))
 
     def __str__(self) -> str:
         rows, inputs = self.gate_up
-        return f"{self.features} gu={rows},{inputs} down={self.down_rows} {self.warps}"
+        store = " store" if self.store else ""
+        return f"{self.features} gu={rows},{inputs} down={self.down_rows} {self.warps}{store}"
 
     def check(self, shapes: Shapes) -> None:
         f, (rows, inputs) = self.features, self.gate_up
@@ -68,20 +77,18 @@ class SplitConfig:
 def _gate_up(
     h_ptr, sq_ptr, g_ptr, wgu_ptr, sgu_ptr, act_ptr, first_row, eps, one, DIM: tl.constexpr,
     FFN: tl.constexpr, N_SQ: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    INT8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """silu(gate) * up for the BN / 2 features from first_row, into act (prologue 1: NORM)."""
     t = tl.arange(0, BN)
     hn = first_row + t // 2
     rn = hn + (t % 2) * FFN
-    PER: tl.constexpr = 4 if INT8 else 1  # weights a word
-    rows = wgu_ptr + rn.to(tl.int64)[:, None] * (DIM // PER)
+    rows = wgu_ptr + rn.to(tl.int64)[:, None] * (DIM // 4)
     y = _first_ahead(h_ptr, g_ptr, sq_ptr, rows, hn < FFN, eps, one, DIM, 1, N_SQ, BN, BK, True,
-                     INT8, False, ASM, PDL)  # fmt: skip
-    if INT8:
-        y *= tl.load(sgu_ptr + rn)
+                     True, False, ASM, PDL)  # fmt: skip
     dt = h_ptr.dtype.element_ty
-    gate, up = tl.split(tl.reshape(y.to(dt).to(tl.float32), [BN // 2, 2]))
+    y = (y * tl.load(sgu_ptr + rn)).to(dt).to(tl.float32)
+    gate, up = tl.split(tl.reshape(y, [BN // 2, 2]))
     hidden = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(act_ptr + first_row + tl.arange(0, BN // 2), hidden.to(dt))
 
@@ -89,58 +96,53 @@ def _gate_up(
 @triton.jit
 def _down_part(
     wd_ptr, sd_ptr, act_ptr, rn, f0, one, FFN: tl.constexpr, F: tl.constexpr,
-    BN_D: tl.constexpr, INT8: tl.constexpr, ASM: tl.constexpr,
+    BN_D: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """Rows rn of down over the program's F columns, times its F features."""
-    if INT8:
-        cols = tl.arange(0, F // 4)
-        words = wd_ptr + rn.to(tl.int64)[:, None] * (FFN // 4) + (f0 // 4 + cols)[None, :]
-        w = tl.load(words, eviction_policy="evict_first")
-        acc = tl.zeros([BN_D, F // 4], tl.float32)
-        sums = tl.zeros([F // 4], tl.float32)
-        acc, sums = _int8_product(acc, sums, w, one, act_ptr + f0, act_ptr, 0, 1.0, F, 0, F,
-                                  True, ASM)  # fmt: skip
-        total = tl.sum(sums, 0)
-        y = (32768.0 * (tl.sum(acc, 1) - total) - 128.0 * total) * tl.load(sd_ptr + rn)
-    else:
-        cols = tl.arange(0, F)
-        w = tl.load(wd_ptr + rn.to(tl.int64)[:, None] * FFN + (f0 + cols)[None, :],
-                    eviction_policy="evict_first")  # fmt: skip
-        a = tl.load(act_ptr + f0 + cols).to(tl.float32)
-        y = tl.sum(w.to(tl.float32) * a[None, :], 1)
-    return y
+    cols = tl.arange(0, F // 4)
+    words = wd_ptr + rn.to(tl.int64)[:, None] * (FFN // 4) + (f0 // 4 + cols)[None, :]
+    w = tl.load(words, eviction_policy="evict_first")
+    acc = tl.zeros([BN_D, F // 4], tl.float32)
+    sums = tl.zeros([F // 4], tl.float32)
+    acc, sums = _int8_product(acc, sums, w, one, act_ptr + f0, act_ptr, 0, 1.0, F, 0, F, True,
+                              ASM)  # fmt: skip
+    total = tl.sum(sums, 0)
+    return (32768.0 * (tl.sum(acc, 1) - total) - 128.0 * total) * tl.load(sd_ptr + rn)
 
 
 @triton.jit
 def _split_mlp(
     h_ptr, sq_ptr, g_ptr, wgu_ptr, sgu_ptr, wd_ptr, sd_ptr, act_ptr, out_ptr, eps, one,
     DIM: tl.constexpr, FFN: tl.constexpr, N_SQ: tl.constexpr, F: tl.constexpr,
-    BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_D: tl.constexpr, INT8: tl.constexpr,
-    ASM: tl.constexpr, PDL: tl.constexpr,
+    BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_D: tl.constexpr, ASM: tl.constexpr,
+    PDL: tl.constexpr, STORE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     f0 = pid * F
     _gate_up(h_ptr, sq_ptr, g_ptr, wgu_ptr, sgu_ptr, act_ptr, f0, eps, one, DIM, FFN, N_SQ,
-             BN_GU, BK_GU, INT8, ASM, PDL)  # fmt: skip
+             BN_GU, BK_GU, ASM, PDL)  # fmt: skip
     for sub in tl.static_range(1, 2 * F // BN_GU):
         _gate_up(h_ptr, sq_ptr, g_ptr, wgu_ptr, sgu_ptr, act_ptr, f0 + sub * (BN_GU // 2), eps,
-                 one, DIM, FFN, N_SQ, BN_GU, BK_GU, INT8, ASM, False)  # fmt: skip
+                 one, DIM, FFN, N_SQ, BN_GU, BK_GU, ASM, False)  # fmt: skip
     tl.debug_barrier()  # the program's F features, stored by all its threads, read by all
     r = tl.arange(0, BN_D)
     for n0 in range(0, DIM, BN_D):
         rn = n0 + r
-        y = _down_part(wd_ptr, sd_ptr, act_ptr, rn, f0, one, FFN, F, BN_D, INT8, ASM)
+        y = _down_part(wd_ptr, sd_ptr, act_ptr, rn, f0, one, FFN, F, BN_D, ASM)
         if pid == 0:  # the residual, once
             y += tl.load(h_ptr + rn).to(tl.float32)
-        tl.atomic_add(out_ptr + rn, y, sem="relaxed")
+        if STORE:  # timing only: what the atomic adds cost
+            tl.store(out_ptr + rn, y)
+        else:
+            tl.atomic_add(out_ptr + rn, y, sem="relaxed")
 
 
 def split_mlp(
     h: torch.Tensor,
     squares: torch.Tensor,
     norm_weight: torch.Tensor,
-    gate_up: tuple[torch.Tensor, torch.Tensor | None],
-    down: tuple[torch.Tensor, torch.Tensor | None],
+    gate_up: tuple[torch.Tensor, torch.Tensor],
+    down: tuple[torch.Tensor, torch.Tensor],
     act: torch.Tensor,
     out: torch.Tensor,
     config: SplitConfig,
@@ -148,17 +150,16 @@ def split_mlp(
 ) -> None:
     """out (1, dim) fp32, zero before: += h + down @ (silu(gate) * up) of rms_norm(h) * g;
     h's sum of squares is the sum of `squares`; act (1, ffn) holds the features. Weights int8
-    with a scale a row, or in h's dtype."""
+    with a scale a row."""
     (wgu, sgu), (wd, sd) = gate_up, down
+    assert wd.dtype == wgu.dtype == torch.int8
     ffn, dim = wd.shape[1], wd.shape[0]
     rows, inputs = config.gate_up
-    int8 = wd.dtype == torch.int8
-    if int8:
-        wgu, wd = wgu.view(torch.int32), wd.view(torch.int32)  # words of four weights
+    wgu, wd = wgu.view(torch.int32), wd.view(torch.int32)  # words of four weights
     _split_mlp[(ffn // config.features,)](
-        h, squares, norm_weight, wgu, h if sgu is None else sgu, wd, h if sd is None else sd, act,
+        h, squares, norm_weight, wgu, sgu, wd, sd, act,
         out, EPS, _ONE, DIM=dim, FFN=ffn, N_SQ=squares.numel(), F=config.features, BN_GU=rows,
-        BK_GU=inputs, BN_D=config.down_rows, INT8=int8, ASM=h.is_cuda, PDL=pdl,
+        BK_GU=inputs, BN_D=config.down_rows, ASM=h.is_cuda, PDL=pdl, STORE=config.store,
         num_warps=config.warps, launch_pdl=pdl,
     )  # fmt: skip
 
@@ -196,28 +197,21 @@ def split_chain(layers: Layers, config: SplitConfig) -> Callable[[], torch.Tenso
 def check_small() -> None:
     """The split chain against the launched one at small shapes on the CPU (Triton's
     interpreter); exits non-zero on a mismatch."""
-    for int8 in (True, False):
-        layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"), int8=int8)
-        expected = layers.launched()
-        for text in ("16 gu=8,32 down=16 4", "32 gu=64,64 down=64 4"):
-            error = relative_error(split_chain(layers, SplitConfig.parse(text))(), expected)
-            kind = "int8" if int8 else "unquantized"
-            print(f"split MLP {text}, {kind}, interpreter: relative error {error:.2e}")
-            assert error < 2e-2, error
+    layers = Layers(Shapes(64, 96, 128), 2, torch.device("cpu"))
+    expected = layers.launched()
+    for text in ("16 gu=8,32 down=16 4", "32 gu=64,64 down=64 4"):
+        error = relative_error(split_chain(layers, SplitConfig.parse(text))(), expected)
+        print(f"split MLP {text}, interpreter: relative error {error:.2e}")
+        assert error < 2e-2, error
 
 
+# Tiles of 128 rows or fewer left down's loads too few bytes in flight (104–167 µs a layer on an
+# H100); 512 was best, 1,024 slower again.
 DEFAULT_CONFIGS = [
-    "16 gu=16,1024 down=128 4",
+    "32 gu=16,1024 down=512 4",
+    "32 gu=16,1024 down=512 4 store",
+    "64 gu=16,1024 down=512 8",
     "32 gu=16,1024 down=128 4",
-    "32 gu=32,512 down=64 4",
-    "64 gu=16,1024 down=64 4",
-    "64 gu=16,1024 down=128 8",
-]
-DEFAULT_BF16_CONFIGS = [  # row_gemv's bf16 tile is 4 rows of 2,048 inputs, 8 warps
-    "16 gu=4,2048 down=64 8",
-    "32 gu=4,2048 down=64 8",
-    "32 gu=8,1024 down=64 4",
-    "64 gu=4,2048 down=32 8",
 ]
 
 
@@ -228,21 +222,19 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--config", action="append", help="F gu=ROWS,INPUTS down=ROWS warps")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--weights", choices=["int8", "bf16"], default="int8")
     json_option(parser, "split_mlp.json")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
-    int8 = args.weights == "int8"
-    layers = Layers(LLAMA3_8B, args.layers, torch.device("cuda"), int8=int8)
-    floor = layers.layer_bytes() / bandwidth
-    megabytes = layers.layer_bytes() / 1e6
+    layers = Layers(LLAMA3_8B, args.layers, torch.device("cuda"))
+    floor = LLAMA3_8B.layer_bytes() / bandwidth
+    megabytes = LLAMA3_8B.layer_bytes() / 1e6
     print(f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s; a layer's "
-          f"{args.weights} {megabytes:.0f} MB take {floor * 1e6:.1f} µs")  # fmt: skip
+          f"{megabytes:.0f} MB take {floor * 1e6:.1f} µs")  # fmt: skip
     expected = layers.launched()
     candidates: list[tuple[str, Callable[[], torch.Tensor]]] = [
         ("launched (the engine's kernels)", layers.launched)
     ]
-    for text in args.config or (DEFAULT_CONFIGS if int8 else DEFAULT_BF16_CONFIGS):
+    for text in args.config or DEFAULT_CONFIGS:
         try:
             run = split_chain(layers, SplitConfig.parse(text))
             got = run()
@@ -255,7 +247,7 @@ def main() -> None:
     rows = time_chains(candidates, args.layers, floor, args.rounds)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, rows=rows,
-                  layers=args.layers, weights=args.weights, floor_seconds=floor)  # fmt: skip
+                  layers=args.layers, floor_seconds=floor)  # fmt: skip
     args.json.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bench.persistent_layers import LLAMA3_8B
-from bench.split_mlp import DEFAULT_BF16_CONFIGS, DEFAULT_CONFIGS, SplitConfig
+from bench.split_mlp import DEFAULT_CONFIGS, SplitConfig
 
 
 def test_the_split_mlp_chain_equals_the_launched_chain_in_the_interpreter() -> None:
@@ -21,11 +21,11 @@ def test_the_split_mlp_chain_equals_the_launched_chain_in_the_interpreter() -> N
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("relative error") == 4
+    assert done.stdout.count("relative error") == 2
 
 
 def test_default_configs_read_back_and_fit_the_8b_shapes() -> None:
-    for text in DEFAULT_CONFIGS + DEFAULT_BF16_CONFIGS:
+    for text in DEFAULT_CONFIGS:
         config = SplitConfig.parse(text)
         assert str(config) == text
         config.check(LLAMA3_8B)
