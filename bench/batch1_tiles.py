@@ -4,12 +4,13 @@ falls on all of them alike. bench.row_tiles times a product alone; this times th
 where each product overlaps its neighbours.
 
     python -m bench.batch1_tiles [--quantize int8] [--rounds 2] \
-        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--prefetch 16] ... [--json PATH]
+        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--prefetch 16,0] ... [--json PATH]
 
 A variant names products (qkv, o, gate_up, down, head) and the (rows, inputs, warps) tile each
 takes instead of engine/kernels/row_gemv.py's choice; the committed tiles always run first.
---prefetch MB adds a variant with the committed tiles whose products each ask L2 for the next
-product's first MB (engine/kernels/l2_prefetch.py) instead of the engine's choice.
+--prefetch A,B adds a variant with the committed tiles whose QKV asks L2 for O's first A MB and
+every other product for the next one's first B MB (engine/kernels/l2_prefetch.py) instead of the
+engine's choice.
 Greedy tokens of a fixed prompt are compared with the committed tiles' (random weights make
 near ties, so another summation order may change a token: a note, not an error).
 """
@@ -79,13 +80,22 @@ def tiles_of(overrides: dict[tuple[int, int], Tile]) -> Iterator[None]:
         rg._tile = chosen
 
 
+def parse_prefetch(text: str) -> tuple[int, int]:
+    """--prefetch's "A,B": MB QKV asks for of O, MB every other product of the next one."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: MB across attention, MB between the others")
+    return int(parts[0]), int(parts[1])
+
+
 @contextmanager
-def prefetch_of(megabytes: int | None) -> Iterator[None]:
-    """The batch-1 products' L2 prefetch, `megabytes` of the next product where not None,
-    while the block runs."""
+def prefetch_of(megabytes: tuple[int, int] | None) -> Iterator[None]:
+    """The batch-1 products' L2 prefetch, megabytes (across attention, between the others)
+    where not None, while the block runs."""
     chosen = l2_prefetch.prefetch_bytes
     if megabytes is not None:
-        l2_prefetch.prefetch_bytes = lambda device: megabytes << 20
+        across, between = megabytes[0] << 20, megabytes[1] << 20
+        l2_prefetch.prefetch_bytes = lambda device: (across, between)
     try:
         yield
     finally:
@@ -122,11 +132,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--prefetch",
-        type=int,
+        type=parse_prefetch,
         action="append",
         default=[],
-        help="MB of the next product's weights each product asks L2 for, as a variant with "
-        "the committed tiles; repeat for more",
+        help='"A,B": a variant with the committed tiles whose QKV asks L2 for O\'s first A MB, '
+        "every other product for the next one's first B MB; repeat for more",
     )
     parser.add_argument("--rounds", type=int, default=2, help="each variant's runs (default 2)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps a run (default 128)")
@@ -143,7 +153,7 @@ def main() -> None:
     assert engine.graphs is not None, "batch-1 decode here needs CUDA graphs"
     print(f"engine ready in {time.time() - started:.0f} s", flush=True)
     roofline = bandwidth / weight_bytes(engine)
-    variants: list[tuple[dict[tuple[int, int], Tile], int | None]] = [
+    variants: list[tuple[dict[tuple[int, int], Tile], tuple[int, int] | None]] = [
         ({}, None),
         *((v, None) for v in args.variant),
         *(({}, mb) for mb in args.prefetch),
@@ -154,7 +164,7 @@ def main() -> None:
             " ".join(f"{k}={','.join(map(str, v[s]))}" for k, s in SHAPES.items() if s in v)
             for v in args.variant
         ]
-        + [f"prefetch {mb} MB" for mb in args.prefetch]
+        + [f"prefetch {a} MB across attention, {b} MB between" for a, b in args.prefetch]
     )
     reference: list[int] | None = None
     rows: list[dict[str, Any]] = []

@@ -69,8 +69,9 @@ class RowDecoder:
             on_tensor_cores(b.feed_forward.w13, SWIGLU, b.ffn_norm.weight) for b in model.blocks()
         ]
         self.head_tc = on_tensor_cores(model.output, STORE, model.norm.weight)
-        # Each product asks L2 for the next one's first bytes while it streams its own.
-        self.prefetch = l2_prefetch.prefetch_bytes(device)
+        # Products ask L2 for the next one's first bytes while they stream their own: QKV for
+        # O's (attention between them leaves the memory idle), the others for the next one's.
+        self.across_attention, self.prefetch = l2_prefetch.prefetch_bytes(device)
 
     @classmethod
     def for_model(cls, model: Transformer, kv: KVCache) -> RowDecoder | None:
@@ -116,7 +117,7 @@ class RowDecoder:
             after = blocks[i + 1].attention.wqkv if i + 1 < len(blocks) else model.output
             qkv, _ = self._normed(
                 False, stream, attention.wqkv, block.attention_norm.weight, squares,
-                **self._ahead(attention.wo),
+                **self._ahead(attention.wo, self.across_attention),
             )  # fmt: skip
             heads = self.attention(
                 qkv.view(1, *self.shape), model.inv_freq, self.kv.layer(i), table,
@@ -140,9 +141,12 @@ class RowDecoder:
         )  # fmt: skip
         return logits
 
-    def _ahead(self, module: nn.Module) -> dict[str, Any]:
-        """A product's arguments asking L2 for the first bytes of module's weights."""
-        return dict(prefetch=_weights(module)[0], prefetch_bytes=self.prefetch)
+    def _ahead(self, module: nn.Module, size: int | None = None) -> dict[str, Any]:
+        """A product's arguments asking L2 for the first `size` bytes of module's weights
+        (self.prefetch where None)."""
+        return dict(
+            prefetch=_weights(module)[0], prefetch_bytes=self.prefetch if size is None else size
+        )
 
     def _normed(
         self,

@@ -35,10 +35,11 @@ def prefetch_share(base_ptr, total, pid, programs):
                               is_pure=False, pack=1)  # fmt: skip
 
 
-def prefetch_bytes(device: torch.device) -> int:
-    """Bytes of the next product's weights each batch-1 product asks L2 for on this device (the
-    engine's choice, measured in bench/RESULTS-gpu.md): none yet."""
-    return 0
+def prefetch_bytes(device: torch.device) -> tuple[int, int]:
+    """Bytes of the next product's weights a batch-1 product asks L2 for on this device: QKV of
+    O's (across attention, when the memory is otherwise idle), every other product of the next
+    one's. The engine's choice, measured in bench/RESULTS-gpu.md: none yet."""
+    return 0, 0
 
 
 def prefetch_args(

@@ -43,8 +43,16 @@ def test_a_prefetch_variant_applies_only_inside() -> None:
 
     cpu = torch.device("cpu")
     committed = l2_prefetch.prefetch_bytes(cpu)
-    with prefetch_of(16):
-        assert l2_prefetch.prefetch_bytes(cpu) == 16 << 20
+    with prefetch_of((16, 4)):
+        assert l2_prefetch.prefetch_bytes(cpu) == (16 << 20, 4 << 20)
     with prefetch_of(None):
         assert l2_prefetch.prefetch_bytes(cpu) == committed
     assert l2_prefetch.prefetch_bytes(cpu) == committed
+
+
+def test_a_prefetch_variant_reads_two_sizes() -> None:
+    from bench.batch1_tiles import parse_prefetch
+
+    assert parse_prefetch("16,0") == (16, 0)
+    with pytest.raises(argparse.ArgumentTypeError, match="MB across attention"):
+        parse_prefetch("16")
