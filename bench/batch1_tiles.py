@@ -4,13 +4,10 @@ falls on all of them alike. bench.row_tiles times a product alone; this times th
 where each product overlaps its neighbours.
 
     python -m bench.batch1_tiles [--quantize int8] [--rounds 2] \
-        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--prefetch 16,0] ... [--json PATH]
+        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--json PATH]
 
 A variant names products (qkv, o, gate_up, down, head) and the (rows, inputs, warps) tile each
 takes instead of engine/kernels/row_gemv.py's choice; the committed tiles always run first.
---prefetch A,B adds a variant with the committed tiles whose QKV asks L2 for O's first A MB and
-every other product for the next one's first B MB (engine/kernels/l2_prefetch.py) instead of the
-engine's choice.
 Greedy tokens of a fixed prompt are compared with the committed tiles' (random weights make
 near ties, so another summation order may change a token: a note, not an error).
 """
@@ -31,7 +28,6 @@ from bench.gpu_measure import batch1_decode, copy_bandwidth, free, graph_only, w
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
-from engine.kernels import l2_prefetch
 from engine.kernels import row_gemv as rg
 
 DIM, FFN, QKV, VOCAB = 4096, 14336, 6144, 128256
@@ -80,28 +76,6 @@ def tiles_of(overrides: dict[tuple[int, int], Tile]) -> Iterator[None]:
         rg._tile = chosen
 
 
-def parse_prefetch(text: str) -> tuple[int, int]:
-    """--prefetch's "A,B": MB QKV asks for of O, MB every other product of the next one."""
-    parts = text.split(",")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"{text!r}: MB across attention, MB between the others")
-    return int(parts[0]), int(parts[1])
-
-
-@contextmanager
-def prefetch_of(megabytes: tuple[int, int] | None) -> Iterator[None]:
-    """The batch-1 products' L2 prefetch, megabytes (across attention, between the others)
-    where not None, while the block runs."""
-    chosen = l2_prefetch.prefetch_bytes
-    if megabytes is not None:
-        across, between = megabytes[0] << 20, megabytes[1] << 20
-        l2_prefetch.prefetch_bytes = lambda device: (across, between)
-    try:
-        yield
-    finally:
-        l2_prefetch.prefetch_bytes = chosen
-
-
 def greedy_tokens(engine: Engine, count: int = 16) -> list[int]:
     ids = list(range(100, 164))
     table = list(range(-(-(len(ids) + count) // engine.block_size)))
@@ -130,14 +104,6 @@ def main() -> None:
         help='tiles to try, as "qkv=8,1024,4 o=8,1024,8" (products: qkv, o, gate_up, down, '
         "head; a tile: rows,inputs,warps); repeat for more variants",
     )
-    parser.add_argument(
-        "--prefetch",
-        type=parse_prefetch,
-        action="append",
-        default=[],
-        help='"A,B": a variant with the committed tiles whose QKV asks L2 for O\'s first A MB, '
-        "every other product for the next one's first B MB; repeat for more",
-    )
     parser.add_argument("--rounds", type=int, default=2, help="each variant's runs (default 2)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps a run (default 128)")
     json_option(parser, "batch1_tiles.json")
@@ -153,27 +119,18 @@ def main() -> None:
     assert engine.graphs is not None, "batch-1 decode here needs CUDA graphs"
     print(f"engine ready in {time.time() - started:.0f} s", flush=True)
     roofline = bandwidth / weight_bytes(engine)
-    variants: list[tuple[dict[tuple[int, int], Tile], tuple[int, int] | None]] = [
-        ({}, None),
-        *((v, None) for v in args.variant),
-        *(({}, mb) for mb in args.prefetch),
+    variants: list[dict[tuple[int, int], Tile]] = [{}, *args.variant]
+    names = ["committed"] + [
+        " ".join(f"{k}={','.join(map(str, v[s]))}" for k, s in SHAPES.items() if s in v)
+        for v in args.variant
     ]
-    names = (
-        ["committed"]
-        + [
-            " ".join(f"{k}={','.join(map(str, v[s]))}" for k, s in SHAPES.items() if s in v)
-            for v in args.variant
-        ]
-        + [f"prefetch {a} MB across attention, {b} MB between" for a, b in args.prefetch]
-    )
     reference: list[int] | None = None
     rows: list[dict[str, Any]] = []
     print(f"{'variant':<40} {'round':>5} {'engine tok/s':>12} {'of roof':>8} {'graph alone':>11}")
     for r in range(args.rounds):
         order = list(range(len(variants)))
         for i in order if r % 2 == 0 else order[::-1]:
-            tiles, prefetch = variants[i]
-            with tiles_of(tiles), prefetch_of(prefetch):
+            with tiles_of(variants[i]):
                 engine.graphs.use_row_kernels(True)  # captured with this variant's tiles
             tokens = greedy_tokens(engine)
             reference = reference or tokens

@@ -27,7 +27,6 @@ request each product's first tile after its barrier instead of before.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -287,43 +286,33 @@ class Layers:
         w, scale = getattr(self, name)
         return w[layer], scale[layer]
 
-    def launched(self, prefetch: int = 0) -> torch.Tensor:
-        """The stream after every layer, as engine/row_decode.py launches the products; each
-        product asking L2 for the next one's first `prefetch` bytes (engine/kernels/l2_prefetch.py)
-        where prefetch > 0."""
+    def launched(self) -> torch.Tensor:
+        """The stream after every layer, as engine/row_decode.py launches the products."""
         stream, squares = self.x0, None
         pdl = self.device.type == "cuda"
-        order = [(name, i) for i in range(self.layers) for name in ("qkv", "o", "gu", "down")]
-        after = {key: self.weights(*nxt)[0] for key, nxt in itertools.pairwise(order)}
-
-        def ahead(name: str, i: int) -> dict[str, Any]:
-            return dict(prefetch=after.get((name, i)), prefetch_bytes=prefetch)
-
         for i in range(self.layers):
             qkv, _ = row_gemv(
                 stream, *self.weights("qkv", i), prologue=NORM,
                 norm_weight=self.attn_norm[i], squares=squares, eps=EPS, pdl=pdl,
-                **ahead("qkv", i),
             )  # fmt: skip
             heads = qkv[:, : self.shapes.dim]
             stream, squares = row_gemv(
-                heads, *self.weights("o", i), epilogue=RESIDUAL, residual=stream, pdl=pdl,
-                **ahead("o", i),
-            )  # fmt: skip
+                heads, *self.weights("o", i), epilogue=RESIDUAL, residual=stream, pdl=pdl
+            )
             (w, s), g = self.weights("gu", i), self.ffn_norm[i]
             if self.gu_tc:
                 hidden, _ = tc.row_gemv_tc(
                     stream, w, s, norm_weight=g, squares=squares, eps=EPS, epilogue=SWIGLU,
-                    pdl=pdl, **ahead("gu", i),
+                    pdl=pdl,
                 )  # fmt: skip
             else:
                 hidden, _ = row_gemv(
                     stream, w, s, prologue=NORM, norm_weight=g, squares=squares, eps=EPS,
-                    epilogue=SWIGLU, pdl=pdl, **ahead("gu", i),
+                    epilogue=SWIGLU, pdl=pdl,
                 )  # fmt: skip
             stream, squares = row_gemv(
                 hidden, *self.weights("down", i), epilogue=RESIDUAL, residual=stream,
-                pdl=pdl, **ahead("down", i),
+                pdl=pdl,
             )  # fmt: skip
         return stream
 

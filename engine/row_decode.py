@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from triton.compiler.errors import CompilationError
 
-from engine.kernels import l2_prefetch
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.rope_attention import RopeAttention
 from engine.kernels.row_gemv import NORM, RESIDUAL, STORE, SWIGLU, row_gemv
@@ -69,9 +68,6 @@ class RowDecoder:
             on_tensor_cores(b.feed_forward.w13, SWIGLU, b.ffn_norm.weight) for b in model.blocks()
         ]
         self.head_tc = on_tensor_cores(model.output, STORE, model.norm.weight)
-        # Products ask L2 for the next one's first bytes while they stream their own: QKV for
-        # O's (attention between them leaves the memory idle), the others for the next one's.
-        self.across_attention, self.prefetch = l2_prefetch.prefetch_bytes(device)
 
     @classmethod
     def for_model(cls, model: Transformer, kv: KVCache) -> RowDecoder | None:
@@ -109,44 +105,33 @@ class RowDecoder:
         """token, slot, context_len: (1,); table: (1, max_blocks). Returns (1, vocab) fp32
         logits; the new token's K/V are in the pool."""
         model, pdl = self.model, self.pdl
-        blocks = list(model.blocks())
         stream = model.tok_embeddings(token)  # (1, dim)
         squares = None  # the stream's partial sums of squares, from the product that wrote it
-        for i, block in enumerate(blocks):
+        for i, block in enumerate(model.blocks()):
             attention, ffn = block.attention, block.feed_forward
-            after = blocks[i + 1].attention.wqkv if i + 1 < len(blocks) else model.output
             qkv, _ = self._normed(
-                False, stream, attention.wqkv, block.attention_norm.weight, squares,
-                **self._ahead(attention.wo, self.across_attention),
-            )  # fmt: skip
+                False, stream, attention.wqkv, block.attention_norm.weight, squares
+            )
             heads = self.attention(
                 qkv.view(1, *self.shape), model.inv_freq, self.kv.layer(i), table,
                 context_len, slot, pdl=pdl,
             )  # fmt: skip
             stream, squares = row_gemv(
                 heads.view(1, -1), *_weights(attention.wo), epilogue=RESIDUAL, residual=stream,
-                pdl=pdl, **self._ahead(ffn.w13),
+                pdl=pdl,
             )  # fmt: skip
             hidden, _ = self._normed(
                 self.gate_up_tc[i], stream, ffn.w13, block.ffn_norm.weight, squares,
-                epilogue=SWIGLU, **self._ahead(ffn.w2),
+                epilogue=SWIGLU,
             )  # fmt: skip
             stream, squares = row_gemv(
-                hidden, *_weights(ffn.w2), epilogue=RESIDUAL, residual=stream, pdl=pdl,
-                **self._ahead(after),
-            )  # fmt: skip
+                hidden, *_weights(ffn.w2), epilogue=RESIDUAL, residual=stream, pdl=pdl
+            )
         logits, _ = self._normed(
             self.head_tc, stream, model.output, model.norm.weight, squares,
-            out_dtype=torch.float32, **self._ahead(blocks[0].attention.wqkv),  # the next step's
+            out_dtype=torch.float32,
         )  # fmt: skip
         return logits
-
-    def _ahead(self, module: nn.Module, size: int | None = None) -> dict[str, Any]:
-        """A product's arguments asking L2 for the first `size` bytes of module's weights
-        (self.prefetch where None)."""
-        return dict(
-            prefetch=_weights(module)[0], prefetch_bytes=self.prefetch if size is None else size
-        )
 
     def _normed(
         self,

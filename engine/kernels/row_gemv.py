@@ -53,8 +53,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.l2_prefetch import prefetch_args, prefetch_share
-
 PLAIN, NORM = 0, 1  # the input: x, or rms_norm(x) * norm_weight
 STORE, RESIDUAL, SWIGLU = 0, 1, 2  # the output: y; residual + y; silu(gate) * up
 _SIGN_BITS: tl.constexpr = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: sign bits
@@ -194,15 +192,12 @@ def _first_ahead(
 
 @triton.jit
 def _row_gemv(
-    x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, N, eps, one, pf_ptr,
-    pf_bytes, K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr,
-    EPILOGUE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
-    INT8: tl.constexpr, FP8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
-    PF: tl.constexpr,
+    x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, N, eps, one,
+    K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr, EPILOGUE: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, INT8: tl.constexpr,
+    FP8: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    if PF:  # the next product's first weights into L2 (l2_prefetch.py)
-        prefetch_share(pf_ptr, pf_bytes, pid, tl.num_programs(0))
     t = tl.arange(0, BN)
     if EPILOGUE == 2:  # SWIGLU: N gate rows then N up rows; tile rows alternate gate, up
         hn = pid * (BN // 2) + t // 2
@@ -277,8 +272,6 @@ def row_gemv(
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
     tile: tuple[int, int, int] | None = None,
-    prefetch: torch.Tensor | None = None,
-    prefetch_bytes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """y = weight @ prologue(x) for one row x (1, K), through an epilogue.
 
@@ -288,8 +281,7 @@ def row_gemv(
     Epilogues: STORE returns (y, None), y (1, N) in out_dtype (default x's dtype); RESIDUAL
     returns (residual + y, its partial sums of squares), residual (1, N); SWIGLU, weight gate
     rows then up rows (2F, K), returns (silu(gate) * up (1, F), None).
-    tile: (rows, inputs, warps) a program, `_tile`'s choice where None. prefetch: weights the
-    next kernel reads, whose first prefetch_bytes the programs ask into L2 (l2_prefetch.py)."""
+    tile: (rows, inputs, warps) a program, `_tile`'s choice where None."""
     n, k = weight.shape
     assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
     int8, fp8 = weight.dtype == torch.int8, weight.dtype == torch.float8_e4m3fn
@@ -311,13 +303,12 @@ def row_gemv(
         weight = weight.view(torch.int32)  # words of four weights, read 32 bits at a time
     elif fp8:
         weight = weight.view(torch.int8)
-    pf, pf_bytes = prefetch_args(prefetch, prefetch_bytes, programs)
     _row_gemv[(programs,)](
         x, x if norm_weight is None else norm_weight, sq_out if squares is None else squares,
         weight, x if scale is None else scale, x if residual is None else residual, out, sq_out,
-        n, eps, _ONE, x if pf is None else pf, pf_bytes, K=k, PROLOGUE=prologue,
-        N_SQ=0 if squares is None else squares.numel(), EPILOGUE=epilogue, BN=bn, BK=bk,
-        EVEN=n % rows == 0 and k % bk == 0, INT8=int8, FP8=fp8, ASM=x.is_cuda, PDL=pdl,
-        PF=pf is not None, num_warps=warps, launch_pdl=pdl,
+        n, eps, _ONE, K=k, PROLOGUE=prologue, N_SQ=0 if squares is None else squares.numel(),
+        EPILOGUE=epilogue, BN=bn, BK=bk, EVEN=n % rows == 0 and k % bk == 0, INT8=int8,
+        FP8=fp8, ASM=x.is_cuda, PDL=pdl, num_warps=warps,
+        launch_pdl=pdl,
     )  # fmt: skip
     return out, sq_out if epilogue == RESIDUAL else None

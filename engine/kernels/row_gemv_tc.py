@@ -39,9 +39,6 @@ import math
 
 import torch
 
-from engine.kernels.l2_prefetch import ASM as PREFETCH_ASM
-from engine.kernels.l2_prefetch import prefetch_args
-
 try:  # Gluon, Triton's explicit-layout dialect (experimental; used here with 3.6 and 3.9)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -145,17 +142,6 @@ if gluon is not None:
     def _griddep(asm: gl.constexpr):
         gl.inline_asm_elementwise(asm, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
-    _PREFETCH: gl.constexpr = gl.constexpr(PREFETCH_ASM)
-
-    @gluon.jit
-    def _prefetch_share(base_ptr, total, pid, programs):
-        """l2_prefetch.prefetch_share in Gluon: program pid's share of the bytes into L2."""
-        share = gl.cdiv(total, programs * 16) * 16
-        start = pid.to(gl.int64) * share
-        size = gl.minimum(gl.maximum(total - start, 0), share).to(gl.int32)
-        gl.inline_asm_elementwise(_PREFETCH, "=r,l,r", [base_ptr + start, size],
-                                  dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
     @gluon.jit
     def _step(acc, words, xs, TN: gl.constexpr, TK: gl.constexpr, MMA: gl.constexpr,
               FRAG: gl.constexpr, INPUTS: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
@@ -174,16 +160,13 @@ if gluon is not None:
 
     @gluon.jit
     def _row_gemv_tc(
-        x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, out_ptr, N, eps, pf_ptr, pf_bytes,
+        x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, out_ptr, N, eps,
         K: gl.constexpr, N_SQ: gl.constexpr, EPILOGUE: gl.constexpr, TN: gl.constexpr,
         TK: gl.constexpr, PDL: gl.constexpr, MMA: gl.constexpr,
         FRAG: gl.constexpr, LOADED: gl.constexpr, INPUTS: gl.constexpr, FP8: gl.constexpr,
-        PF: gl.constexpr,
     ):  # fmt: skip
         W: gl.constexpr = gl.num_warps()
         pid = gl.program_id(0)
-        if PF:  # the next product's first weights into L2 (l2_prefetch.py)
-            _prefetch_share(pf_ptr, pf_bytes, pid, gl.num_programs(0))
         t = gl.arange(0, TN, layout=gl.SliceLayout(1, LOADED))
         # SWIGLU: the tile's first half are gate rows, the second half their up rows.
         half = pid * (TN // 2) + t % (TN // 2) + (t // (TN // 2)) * N
@@ -274,13 +257,10 @@ def row_gemv_tc(
     epilogue: int = STORE,
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
-    prefetch: torch.Tensor | None = None,
-    prefetch_bytes: int = 0,
 ) -> tuple[torch.Tensor, None]:
     """row_gemv(x, weight, scale, prologue=NORM, ...) for int8 or e4m3 weights where `fits`: y =
     weight @ (rms_norm(x) * norm_weight), then STORE (1, N) in out_dtype, or SWIGLU (weight
-    gate rows then up rows) silu(gate) * up (1, F). Returns (y, None), as row_gemv; prefetch
-    as row_gemv's."""
+    gate rows then up rows) silu(gate) * up (1, F). Returns (y, None), as row_gemv."""
     n, k = weight.shape
     assert x.shape == (1, k) and x.is_contiguous() and weight.is_contiguous()
     fp8 = weight.dtype == torch.float8_e4m3fn
@@ -290,12 +270,10 @@ def row_gemv_tc(
     programs = n // (BN // 2 if epilogue == SWIGLU else BN)
     out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     mma, frag, coalesced, inputs = _layouts(BK, WARPS)
-    pf, pf_bytes = prefetch_args(prefetch, prefetch_bytes, programs)
     _row_gemv_tc[(programs,)](
         x, norm_weight, x if squares is None else squares, weight.view(torch.int32), scale, out,
-        n, eps, x if pf is None else pf, pf_bytes, K=k,
-        N_SQ=0 if squares is None else squares.numel(), EPILOGUE=epilogue, TN=BN, TK=BK,
-        PDL=pdl, MMA=mma, FRAG=frag, LOADED=coalesced, INPUTS=inputs, FP8=fp8,
-        PF=pf is not None, num_warps=WARPS, launch_pdl=pdl,
+        n, eps, K=k, N_SQ=0 if squares is None else squares.numel(), EPILOGUE=epilogue, TN=BN,
+        TK=BK, PDL=pdl, MMA=mma, FRAG=frag, LOADED=coalesced, INPUTS=inputs, FP8=fp8,
+        num_warps=WARPS, launch_pdl=pdl,
     )  # fmt: skip
     return out, None

@@ -35,24 +35,3 @@ def test_tiles_apply_to_their_shapes_only_and_only_inside() -> None:
         assert rg._tile(4096, 4096, 1, cpu) == (4, 512, 2)
         assert rg._tile(4096, 14336, 1, cpu) == committed_down
     assert rg._tile(4096, 4096, 1, cpu) == committed_o
-
-
-def test_a_prefetch_variant_applies_only_inside() -> None:
-    from bench.batch1_tiles import prefetch_of
-    from engine.kernels import l2_prefetch
-
-    cpu = torch.device("cpu")
-    committed = l2_prefetch.prefetch_bytes(cpu)
-    with prefetch_of((16, 4)):
-        assert l2_prefetch.prefetch_bytes(cpu) == (16 << 20, 4 << 20)
-    with prefetch_of(None):
-        assert l2_prefetch.prefetch_bytes(cpu) == committed
-    assert l2_prefetch.prefetch_bytes(cpu) == committed
-
-
-def test_a_prefetch_variant_reads_two_sizes() -> None:
-    from bench.batch1_tiles import parse_prefetch
-
-    assert parse_prefetch("16,0") == (16, 0)
-    with pytest.raises(argparse.ArgumentTypeError, match="MB across attention"):
-        parse_prefetch("16")

@@ -25,7 +25,7 @@ def test_fits_needs_whole_tiles_and_inputs_inside_fp16() -> None:
 def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
     """Compiled for sm_90 here (ptxas ships with Triton): the products are mma.sync on fp16,
     and the only shared memory is the staged input: the weights reach the mma's layout in
-    registers, not through shared memory. With PF, one bulk prefetch into L2 a program."""
+    registers, not through shared memory."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -34,21 +34,18 @@ def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
     mma, frag, loaded, inputs = tc._layouts(tc.BK, tc.WARPS)
     pointers = {"x_ptr": "*bf16", "g_ptr": "*bf16", "sq_ptr": "*fp32", "w_ptr": "*i32",
                 "s_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
-    for epilogue, n_sq, fp8, prefetch in (
-        (tc.SWIGLU, 256, False, True),
-        (tc.STORE, 0, False, False),
-        (tc.SWIGLU, 0, True, False),
+    for epilogue, n_sq, fp8 in (
+        (tc.SWIGLU, 256, False),
+        (tc.STORE, 0, False),
+        (tc.SWIGLU, 0, True),
     ):
         constants = dict(
             K=k, N_SQ=n_sq, EPILOGUE=epilogue, TN=tc.BN, TK=tc.BK, PDL=True, MMA=mma,
-            FRAG=frag, LOADED=loaded, INPUTS=inputs, FP8=fp8, PF=prefetch,
+            FRAG=frag, LOADED=loaded, INPUTS=inputs, FP8=fp8,
         )  # fmt: skip
-        signature = {**pointers, "N": "i32", "eps": "fp32", "pf_ptr": "*i8", "pf_bytes": "i32",
-                     **dict.fromkeys(constants, "constexpr")}  # fmt: skip
+        signature = {**pointers, "N": "i32", "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
         fn = tc._row_gemv_tc
-        aligned = {
-            (fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in [*pointers, "pf_ptr"]
-        }
+        aligned = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in pointers}
         kernel = triton.compile(
             GluonASTSource(fn, signature, constants, aligned),
             target=GPUTarget("cuda", 90, 32),
@@ -61,7 +58,6 @@ def test_kernel_builds_for_hopper_on_the_tensor_cores() -> None:
         # e4m3 weights widen by the hardware's pair conversion, int8 ones by byte permutes.
         assert ("cvt.rn.f16x2.e4m3x2" in ptx) == fp8 and ("prmt.b32" in ptx) != fp8
         assert kernel.metadata.shared == k * 6  # x and g as copied, the fp16 input: nothing else
-        assert ptx.count("cp.async.bulk.prefetch.L2.global") == prefetch
 
 
 def test_decoder_falls_back_to_row_gemv_where_the_kernel_does_not_build(

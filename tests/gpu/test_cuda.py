@@ -717,12 +717,3 @@ def test_persistent_cuda_layers_agree_with_the_launched_chain(config: str) -> No
     got = run()
     assert completed()
     assert relative_error(got, layers.launched()) < 2e-2
-
-
-def test_l2_prefetch_leaves_the_row_kernels_results_alone() -> None:
-    """engine/kernels/l2_prefetch.py: each product asking L2 for the next one's weights (row_gemv
-    and the tensor-core gate/up) changes what is read when, never what is computed."""
-    from bench.persistent_layers import LLAMA3_8B, Layers
-
-    layers = Layers(LLAMA3_8B, 2, CUDA)
-    assert torch.equal(layers.launched(prefetch=16 << 20), layers.launched())
