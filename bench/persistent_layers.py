@@ -430,22 +430,27 @@ def _cuda(layers: Layers, text: str, expected: torch.Tensor) -> list[tuple[str, 
 
 
 def time_chains(
-    candidates: list[tuple[str, Any]], layers: int, floor: float, rounds: int
-) -> list[dict[str, Any]]:
-    """Each chain's time a layer inside CUDA graphs, printed as a table; rounds alternate the
-    order (a card that warms up favours neither)."""
+    candidates: list[tuple[str, Any]], args: argparse.Namespace, bandwidth: float, floor: float
+) -> None:
+    """Each chain's time a layer inside CUDA graphs (args.layers layers), printed as a table and
+    written to args.json; args.rounds rounds alternate the order (a card that warms up favours
+    neither)."""
     from bench.row_tiles import graph_seconds
 
     width = max(len(label) for label, _ in candidates)
     print(f"{'chain':<{width}} {'round':>5} {'µs a layer':>10} {'of floor':>8}")
     rows = []
-    for r in range(rounds):
+    for r in range(args.rounds):
         for label, call in candidates if r % 2 == 0 else candidates[::-1]:
-            seconds = graph_seconds([call]) / layers
+            seconds = graph_seconds([call]) / args.layers
             share = floor / seconds
             print(f"{label:<{width}} {r:>5} {seconds * 1e6:>10.1f} {share:>8.1%}", flush=True)
             rows.append(dict(chain=label, round=r, seconds=seconds, of_floor=share))
-    return rows
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, rows=rows,
+                  layers=args.layers, floor_seconds=floor)  # fmt: skip
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.json}")
 
 
 def main() -> None:
@@ -487,12 +492,7 @@ def main() -> None:
         error = relative_error(got, expected)
         print(f"{text}: {kernel.n_regs} registers, {fit} resident; error {error:.1e}")
         candidates.append((f"persistent {text}", run))
-    rows = time_chains(candidates, args.layers, floor, args.rounds)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, rows=rows,
-                  layers=args.layers, floor_seconds=floor)  # fmt: skip
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+    time_chains(candidates, args, bandwidth, floor)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ at a time).
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -244,12 +243,7 @@ def main() -> None:
             continue
         print(f"{text}: error {relative_error(got, expected):.1e}")
         candidates.append((f"split MLP {text}", run))
-    rows = time_chains(candidates, args.layers, floor, args.rounds)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, rows=rows,
-                  layers=args.layers, floor_seconds=floor)  # fmt: skip
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+    time_chains(candidates, args, bandwidth, floor)
 
 
 if __name__ == "__main__":
