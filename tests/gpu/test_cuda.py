@@ -717,3 +717,15 @@ def test_persistent_cuda_layers_agree_with_the_launched_chain(config: str) -> No
     got = run()
     assert completed()
     assert relative_error(got, layers.launched()) < 2e-2
+
+
+def test_the_split_mlp_chain_agrees_with_the_launched_chain() -> None:
+    """bench/split_mlp.py (the MLP in one kernel, down's partial outputs added atomically) on two
+    int8 layers of LLaMA-3-8B shapes against the engine's row kernels: its fp32 stream agrees
+    with the launched chain's bf16 one to bf16's rounding, over another summation order."""
+    from bench.persistent_layers import LLAMA3_8B, Layers, relative_error
+    from bench.split_mlp import SplitConfig, split_chain
+
+    layers = Layers(LLAMA3_8B, 2, CUDA)
+    got = split_chain(layers, SplitConfig.parse("32 gu=16,1024 down=512 4"))()
+    assert relative_error(got, layers.launched()) < 2e-2
