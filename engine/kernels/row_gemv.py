@@ -26,7 +26,8 @@ Weights are read once a step, so their loads ask L2 to evict them first. (Stream
 weights through shared memory instead, cp.async stages ahead across the wait, was slower on an
 H200: bench/RESULTS-gpu.md, session 59.)
 
-Int8 weights are read as 32-bit words of four and widened without a conversion instruction
+Int8 weights are read as 32-bit words of four, their four 16-bit inputs as one 64-bit word,
+and the weights widened without a conversion instruction
 (int8 → float conversions, and this widening feeding the tensor cores through shared memory,
 were both slower; gate/up and the head, where this arithmetic costs most, have their own
 kernel, row_gemv_tc.py, which widens to fp16 in registers for the tensor cores):
@@ -35,7 +36,9 @@ one byte permute places each byte u = q + 128 (its sign bit flipped) as the seco
 Σ (1 + u / 2**15) a = Σ a + (Σ q a + 128 Σ a) / 2**15, the kernel also sums the inputs and
 recovers Σ q a at the end, then applies the row's scale. The cancellation costs
 precision: 1e-4 relative to the largest output or less, against bf16's 4e-3 rounding. A permute
-and an FMA a weight keep int8 below the memory's pace (bench/RESULTS-gpu.md). 1.0's bits arrive
+and an FMA a weight cost int8's small products a few points of the copy rate against the same
+loads with no arithmetic, and int8 inputs with dp4a do no better (bench/int8_activations.py,
+bench/RESULTS-gpu.md session 64). 1.0's bits arrive
 as a kernel argument: as a literal, ptxas makes it the permute's immediate operand and rebuilds
 the byte selector in a register before every permute, a quarter more instructions in the loop.
 (Triton's CPU interpreter cannot run the inline PTX; there shifts and masks build the same
@@ -115,6 +118,12 @@ def _one_plus(flipped, one, BYTE: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _half(words, BYTE: tl.constexpr, dtype: tl.constexpr):
+    """Input BYTE of each 64-bit word of four 16-bit inputs, in fp32."""
+    return ((words >> (16 * BYTE)) & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _int8_product(
     acc, sums, words, one, x_ptr, g_ptr, k0, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr,
     BK: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
@@ -123,11 +132,29 @@ def _int8_product(
     (BN, BK / 4) words of int8 weights at k0; sums + the inputs, four by four."""
     cols = tl.arange(0, BK // 4)
     flipped = words ^ _SIGN_BITS  # each byte now u = q + 128, in [1, 255]
-    for byte in tl.static_range(4):
-        kk = k0 + 4 * cols + byte
-        a = _activation(x_ptr, g_ptr, kk, _within(kk, K, EVEN), rstd, PROLOGUE)
-        acc += _one_plus(flipped, one, byte, ASM) * a[None, :]
-        sums += a
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    if dt.primitive_bitwidth == 16 and g_ptr.dtype.element_ty == dt:
+        # 16-bit inputs (the engine's): a word's four in one 64-bit load, a thread's for
+        # four words in one 128-bit load, where each input was a 2-byte load of its own
+        # (int8 QKV and O 6–10 points of the copy rate faster: bench/RESULTS-gpu.md, session 64).
+        wc = k0 // 4 + cols
+        wm = _within(wc, K // 4, EVEN)
+        xw = tl.load(x_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + wc, mask=wm, other=0)
+        if PROLOGUE == 1:
+            gw = tl.load(g_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + wc, mask=wm,
+                         other=0)  # fmt: skip
+        for byte in tl.static_range(4):
+            a = _half(xw, byte, dt)
+            if PROLOGUE == 1:
+                a = ((a * rstd).to(dt) * _half(gw, byte, dt).to(dt)).to(tl.float32)
+            acc += _one_plus(flipped, one, byte, ASM) * a[None, :]
+            sums += a
+    else:
+        for byte in tl.static_range(4):
+            kk = k0 + 4 * cols + byte
+            a = _activation(x_ptr, g_ptr, kk, _within(kk, K, EVEN), rstd, PROLOGUE)
+            acc += _one_plus(flipped, one, byte, ASM) * a[None, :]
+            sums += a
     return acc, sums
 
 
@@ -236,12 +263,14 @@ def _h200(device: torch.device) -> bool:
 
 def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, int, int]:
     """(BN, BK, warps) for an N × K product, the best measured at the LLaMA-3-8B shapes
-    (bench/RESULTS-gpu.md): on an H200, and for bf16 also on an H100.
+    (bench/RESULTS-gpu.md): bf16 and fp8 on an H200, bf16 also on an H100, int8 on an H100.
 
     bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs;
     on an H200 4,096 for the products of more than 4,096 rows (the QKV, gate/up and the head),
-    on an H100 that cost 2 points of batch-1 decode. Int8, whose widening is arithmetic: more
-    rows a program share each input, with narrower loads; 8 warps for the smallest (O).
+    on an H100 that cost 2 points of batch-1 decode. Int8, its inputs read as words: 8 warps;
+    16 rows a program for the products of 4,096 inputs (QKV 1,024 inputs a tile, O 2,048), 8
+    for down's 14,336 (2,048 a tile); 32 rows of 512 inputs where gate/up or the head are not
+    on row_gemv_tc.
     (Splitting K across programs, the last to finish summing the parts, was slower for every
     shape, bf16 and int8; so was requesting the next tiles before using the one in hand.)
     FP8 (weight_bytes 0: a conversion, not int8's arithmetic): 8 rows and 4 warps, narrower
@@ -250,10 +279,10 @@ def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int,
         return 8, 1024 if k > 4096 else min(4096, triton.next_power_of_2(k)), 4
     if weight_bytes == 1:
         if k > 4096:
-            return 8, 2048, 4
+            return 8, 2048, 8
         if n > 8192:
             return 32, 512, 4
-        return 8, 1024, 4 if n > 4096 else 8
+        return 16, 1024 if n > 4096 else 2048, 8
     wide = 4096 if n > 4096 and _h200(device) else 2048
     return 4, min(wide, triton.next_power_of_2(k)), 8
 

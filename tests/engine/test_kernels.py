@@ -15,7 +15,7 @@ def test_triton_kernels_match_references_in_the_interpreter() -> None:
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("max error") == 41 and done.stdout.count("relative error") == 74
+    assert done.stdout.count("max error") == 41 and done.stdout.count("relative error") == 86
 
 
 def test_prefill_attention_takes_four_heads_a_program_where_they_fill_the_gpu() -> None:

@@ -347,6 +347,22 @@ def test_row_gemv_matches_reference() -> None:
             assert rel(stream, want) < 1e-2
 
 
+def test_the_dp4a_row_kernel_matches_its_reference() -> None:
+    """bench/int8_activations.py's int8 × int8 kernel with the hardware's dp4a (the interpreter
+    runs shifts instead) at the LLaMA-3-8B shapes it is timed at."""
+    from bench.int8_activations import quantize_groups, w8a8_gemv, w8a8_reference
+
+    torch.manual_seed(0)
+    for n, k in [(6144, 4096), (4096, 14336)]:
+        w = torch.randint(-128, 128, (n, k), device=CUDA, dtype=torch.int8)
+        scale = torch.rand(n, device=CUDA) + 0.1
+        x = torch.randn(k, device=CUDA)
+        for group, broadcast, tile in [(16, False, (8, 1024, 4)), (32, True, (16, 2048, 8))]:
+            xq, xs = quantize_groups(x, group)
+            got = w8a8_gemv(xq, xs, w, scale, group=group, tile=tile, broadcast=broadcast)
+            assert rel(got, w8a8_reference(xq, xs, w, scale, group)) < 1e-5
+
+
 def test_tensor_core_int8_products_match_reference() -> None:
     import torch.nn.functional as F
 
