@@ -18,12 +18,11 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import functools
 import itertools
-import json
 
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from engine.kernels.paged_decode import PagedDecode, Tiling
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, MAX_CONTEXT = 32, 8, 128, 16, 8192
@@ -95,8 +94,7 @@ def main() -> None:
                 f"stages {t['stages']}: {r['us']:7.1f} us {r['gb_s']:6.0f} GB/s "
                 f"({r['of_copy']:.0%})"
             )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"copy_bytes_per_s": copy, "results": results}, indent=2))
+    write_json(args.json, {"copy_bytes_per_s": copy, "results": results})
 
 
 if __name__ == "__main__":

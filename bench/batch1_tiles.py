@@ -15,7 +15,6 @@ near ties, so another summation order may change a token: a note, not an error).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import batch1_decode, copy_bandwidth, free, graph_only, weight_bytes
 from engine import registry
 from engine.batch import SeqInput
@@ -154,15 +153,16 @@ def main() -> None:
             )
     del engine
     free()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {"device": torch.cuda.get_device_name(), "copy_bandwidth": bandwidth,
-             "quantize": args.quantize, "roofline_tok_s": roofline, "rows": rows},
-            indent=2,
-        )
-    )  # fmt: skip
-    print(f"wrote {args.json}")
+    write_json(
+        args.json,
+        {
+            "device": torch.cuda.get_device_name(),
+            "copy_bandwidth": bandwidth,
+            "quantize": args.quantize,
+            "roofline_tok_s": roofline,
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

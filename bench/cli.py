@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def json_option(parser: argparse.ArgumentParser, filename: str) -> None:
@@ -16,6 +18,13 @@ def json_option(parser: argparse.ArgumentParser, filename: str) -> None:
         default=Path(os.environ.get("OUT", "bench")) / filename,
         help=f"where the numbers go (default: $OUT or bench/, {filename})",
     )
+
+
+def write_json(path: Path, data: Any) -> None:
+    """The numbers of a run at `path` (its folder made where missing), and a line saying so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    print(f"wrote {path}")
 
 
 def first_paragraph(doc: str | None) -> str:

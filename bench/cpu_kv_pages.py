@@ -14,13 +14,12 @@ give the same logits.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -95,10 +94,9 @@ def main() -> None:
             print(f"  the pools' logits differ: {logits}")
         engine.release(["d"])
     engine.kv.pool = huge
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": args.model, "context": args.context,
-                                     "block_size": bs, "rows": rows}, indent=2))  # fmt: skip
-    print(f"wrote {args.json}")
+    write_json(
+        args.json, {"model": args.model, "context": args.context, "block_size": bs, "rows": rows}
+    )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,11 @@ and its logprob are the same run whole and in two chunks (row-wise attention: al
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -74,13 +73,10 @@ def main() -> None:
         )
         rows.append({"prompt": length, "seconds": times, "chunked_equals_whole": same})
     engine.prefill_kernel = rowwise
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {"model": args.model, "threads": torch.get_num_threads(), "rows": rows}, indent=2
-        )
+    write_json(
+        args.json,
+        {"model": args.model, "threads": torch.get_num_threads(), "rows": rows},
     )
-    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ import triton
 import triton.language as tl
 
 from bench import cublaslt
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from bench.gpu_measure import copy_bandwidth, matmul_rate
 from bench.row_tiles import L2_PASS, graph_seconds
 
@@ -197,11 +196,7 @@ def main() -> None:
         for name in SHAPES:
             rows += measure(name, m, bandwidth, rate, kernels)
     summarize(rows)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"copy_bandwidth": bandwidth, "matmul_rate": rate, "rows": rows}, indent=2)
-    )
-    print(f"wrote {args.json}")
+    write_json(args.json, {"copy_bandwidth": bandwidth, "matmul_rate": rate, "rows": rows})
 
 
 if __name__ == "__main__":

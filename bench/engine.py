@@ -15,7 +15,6 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run this benchmark as a module: python -m bench.engine")
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cli import first_paragraph, tandem_home
+from bench.cli import first_paragraph, tandem_home, write_json
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -119,9 +118,7 @@ def main() -> None:
             {"phase": p, "context": c, "batch": b, "tokens_per_s": r} for p, c, b, r in rows
         ],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 from typing import Any
 
 import torch
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from bench.row_tiles import DIM, FFN, L2_PASS, QKV, graph_seconds
 from engine.kernels.fp8_rows import rows_to_fp8
 from engine.kernels.w8a16 import FP8_SMALL_M, w8a16_matmul
@@ -57,9 +56,7 @@ def main() -> None:
         )
         rows.append(dict(shape=name, rows=m, **{f"{p}_s": t for p, t in times.items()}))
         del w, copies
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"fp8_small_m": FP8_SMALL_M, "rows": rows}, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, {"fp8_small_m": FP8_SMALL_M, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from harness.pipeline import pipeline
 from services.cli import main as tandem
 
@@ -246,19 +246,16 @@ def main() -> None:
         for name, (held, missed) in brackets.items():
             above = f"{missed} req/s missed it" if missed is not None else "no rate tried missed it"
             print(f"goodput {name} [{setting}]: {held} req/s held the SLO; {above}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "found": {
-                    setting: {k: {"held": h, "missed": m} for k, (h, m) in brackets.items()}
-                    for setting, brackets in found.items()
-                },
-                "repeats": args.repeats,
-                "runs": results,
+    write_json(
+        args.json,
+        {
+            "found": {
+                setting: {k: {"held": h, "missed": m} for k, (h, m) in brackets.items()}
+                for setting, brackets in found.items()
             },
-            indent=2,
-        )
+            "repeats": args.repeats,
+            "runs": results,
+        },
     )
 
 

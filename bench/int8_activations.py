@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 
 DIM, FFN, QKV = 4096, 14336, 6144
 SHAPES = {"qkv": (QKV, DIM), "o": (DIM, DIM), "gate/up": (2 * FFN, DIM), "down": (DIM, FFN)}
@@ -224,9 +223,7 @@ def main() -> None:
     rows = []
     for name in args.shapes.split(","):
         rows += measure(name, bandwidth, args.modes.split(","), args.rounds)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, {"copy_bandwidth": bandwidth, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run this module as: python -m bench.launch_waits")
 
 import argparse
-import json
 import time
 import traceback
 import warnings
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import random_prompt
 from engine import registry
 from engine.batch import SeqInput
@@ -116,8 +115,7 @@ def main() -> None:
         for place in sorted(set(where)):
             print(f"{'':<40} at {place or '(no engine frame)'}")
         rows.append({"step": name, "launch_s": launch, "queue_left_s": left, "syncs": where})
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(rows, indent=1))
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run this module as: python -m bench.mixed_steps")
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import random_prompt
 from engine import registry
 from engine.batch import SeqInput
@@ -109,9 +108,7 @@ def main() -> None:
         ]
         print(f"{label:<26} {'  '.join(cells)}", flush=True)
         rows.append(dict(prompts=prompts, tokens=tokens, decodes=decodes, **found))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
-    print(f"wrote {args.json}")
+    write_json(args.json, dict(device=torch.cuda.get_device_name(), rows=rows))
 
 
 if __name__ == "__main__":

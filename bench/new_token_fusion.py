@@ -15,12 +15,11 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run this module as: python -m bench.new_token_fusion")
 
 import argparse
-import json
 from typing import Any
 
 import torch
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import random_prompt, timed
 from engine import registry
 from engine.batch import SeqInput
@@ -84,9 +83,7 @@ def main() -> None:
         gain = min(times[True]) / min(times[False]) - 1
         print(f"{n:>5} in attention: {gain:+.1%} a step; logits {'equal' if same else 'DIFFER'}")
         results.append({"rows": n, "step_change": gain, "logits_equal": same})
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"context": args.context, "results": results}, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, {"context": args.context, "results": results})
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ request each product's first tile after its barrier instead of before.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.row_gemv import (
     _ONE,
@@ -446,11 +445,8 @@ def time_chains(
             share = floor / seconds
             print(f"{label:<{width}} {r:>5} {seconds * 1e6:>10.1f} {share:>8.1%}", flush=True)
             rows.append(dict(chain=label, round=r, seconds=seconds, of_floor=share))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, rows=rows,
-                  layers=args.layers, floor_seconds=floor)  # fmt: skip
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, dict(device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth,
+                               rows=rows, layers=args.layers, floor_seconds=floor))  # fmt: skip
 
 
 def main() -> None:

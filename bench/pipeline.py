@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import threading
@@ -32,7 +31,7 @@ import torch
 from grpc import aio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from bench.cli import first_paragraph, tandem_home
+from bench.cli import first_paragraph, tandem_home, write_json
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -371,17 +370,14 @@ def main() -> None:
             f"{r.itl_p50_ms:>6.1f}ms {r.itl_p99_ms:>5.1f}ms {hop}"
             + (f" {r.spans:>6}" if args.tracing else "")
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "model": path.name,
-                "prompt_len": args.prompt_len,
-                "output_len": args.output_len,
-                "results": [asdict(r) for r in results],
-            },
-            indent=2,
-        )
+    write_json(
+        args.json,
+        {
+            "model": path.name,
+            "prompt_len": args.prompt_len,
+            "output_len": args.output_len,
+            "results": [asdict(r) for r in results],
+        },
     )
     if args.tracing:
         print("\nper-step cost of telemetry, µs (tracing off / on; spans dropped, not exported)")

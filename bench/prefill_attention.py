@@ -11,14 +11,13 @@ head). The Triton kernel's tile choices are tried beside its default.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from bench.row_tiles import graph_seconds
 from engine.kernels.prefill_attention import prefill_attention
 
@@ -83,9 +82,7 @@ def main() -> None:
     print(torch.cuda.get_device_name())
     print(f"{'heads':<8} {'length':>6} {'kernel':<30} {'µs':>9} {'TFLOP/s':>8} {'max err':>8}")
     rows = [row for model in HEADS for length in LENGTHS for row in measure(model, length)]
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
-    print(f"wrote {args.json}")
+    write_json(args.json, {"device": torch.cuda.get_device_name(), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ if __name__ == "__main__" and not __package__:
     sys.exit("run this module as: python -m bench.profile_gpu")
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import prefill_params, weight_bytes
 from engine import registry
 from engine.batch import SeqInput
@@ -171,8 +170,7 @@ def main() -> None:
             f"{name:<40} {wall * 1e6:>8.0f} {got['span_us']:>8.0f} {got['idle_us']:>8.0f} "
             f"{got['gpu_us']:>8.0f} {floor * 1e6:>8.0f}  {kinds}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
 
 
 def triton_ms(fn: Any) -> float:

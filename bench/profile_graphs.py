@@ -21,7 +21,6 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import gc
 import itertools
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.cli import first_paragraph, json_option, tandem_home
+from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import copy_bandwidth, random_prompt
 from bench.profile_gpu import kind_of
 from engine import registry
@@ -187,9 +186,7 @@ def main() -> None:
                 f"{k} {v:.0f}" for k, v in sorted(got["by_kind_us"].items(), key=lambda kv: -kv[1])
             )
             print(f"\n{n} rows: {got['step_us']:.0f} µs a step; by kind (µs): {kinds}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {args.json}")
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

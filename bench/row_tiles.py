@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 from typing import Any
 
 import torch
 
-from bench.cli import first_paragraph, json_option
+from bench.cli import first_paragraph, json_option, write_json
 from bench.gpu_measure import copy_bandwidth
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.row_gemv import NORM, PLAIN, RESIDUAL, STORE, SWIGLU, _tile, row_gemv
@@ -122,9 +121,7 @@ def main() -> None:
     rows = []
     for name, fmt in itertools.product(SHAPES, args.formats.split(",")):
         rows += measure(name, fmt, bandwidth)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=2))
-    print(f"wrote {args.json}")
+    write_json(args.json, {"copy_bandwidth": bandwidth, "rows": rows})
 
 
 if __name__ == "__main__":
