@@ -28,7 +28,6 @@ from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.kernels import row_gemv as rg
-from engine.kernels import row_gemv_staged
 
 DIM, FFN, QKV, VOCAB = 4096, 14336, 6144, 128256
 SHAPES = {  # a product's (N, K) as row_gemv sees it
@@ -63,20 +62,17 @@ def parse_variant(text: str) -> dict[tuple[int, int], Tile]:
 
 @contextmanager
 def tiles_of(overrides: dict[tuple[int, int], Tile]) -> Iterator[None]:
-    """row_gemv's tile choice, with `overrides` for their shapes, while the block runs. A tile
-    for O puts O on row_gemv, not on row_gemv_staged."""
-    chosen, staged_fits = rg._tile, row_gemv_staged.fits
+    """row_gemv's tile choice, with `overrides` for their shapes, while the block runs."""
+    chosen = rg._tile
 
     def tile(n: int, k: int, weight_bytes: int, device: torch.device) -> Tile:
         return overrides.get((n, k)) or chosen(n, k, weight_bytes, device)
 
     rg._tile = tile
-    if SHAPES["o"] in overrides:
-        row_gemv_staged.fits = lambda n, k, device: False
     try:
         yield
     finally:
-        rg._tile, row_gemv_staged.fits = chosen, staged_fits
+        rg._tile = chosen
 
 
 def greedy_tokens(engine: Engine, count: int = 16) -> list[int]:

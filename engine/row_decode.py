@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from triton.compiler.errors import CompilationError
 
-from engine.kernels import row_gemv_staged as staged
 from engine.kernels import row_gemv_tc as tc
 from engine.kernels.rope_attention import RopeAttention
 from engine.kernels.row_gemv import NORM, RESIDUAL, STORE, SWIGLU, row_gemv
@@ -69,13 +68,6 @@ class RowDecoder:
             on_tensor_cores(b.feed_forward.w13, SWIGLU, b.ffn_norm.weight) for b in model.blocks()
         ]
         self.head_tc = on_tensor_cores(model.output, STORE, model.norm.weight)
-        # Int8 O with its weights in shared memory before attention ends (row_gemv_staged.py).
-        staging = staged.available(device)
-        self.o_staged = [
-            staging and isinstance(b.attention.wo, Int8Linear)
-            and staged.fits(*b.attention.wo.weight.shape, device)
-            for b in model.blocks()
-        ]  # fmt: skip
 
     @classmethod
     def for_model(cls, model: Transformer, kv: KVCache) -> RowDecoder | None:
@@ -124,7 +116,10 @@ class RowDecoder:
                 qkv.view(1, *self.shape), model.inv_freq, self.kv.layer(i), table,
                 context_len, slot, pdl=pdl,
             )  # fmt: skip
-            stream, squares = self._o(i, heads.view(1, -1), attention.wo, stream)
+            stream, squares = row_gemv(
+                heads.view(1, -1), *_weights(attention.wo), epilogue=RESIDUAL, residual=stream,
+                pdl=pdl,
+            )  # fmt: skip
             hidden, _ = self._normed(
                 self.gate_up_tc[i], stream, ffn.w13, block.ffn_norm.weight, squares,
                 epilogue=SWIGLU,
@@ -137,21 +132,6 @@ class RowDecoder:
             out_dtype=torch.float32,
         )  # fmt: skip
         return logits
-
-    def _o(
-        self, i: int, heads: torch.Tensor, module: nn.Module, stream: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The stream + module's weights @ heads, through row_gemv_staged.py or row_gemv.py."""
-        w, scale = _weights(module)
-        if self.o_staged[i]:
-            assert scale is not None
-            try:
-                return staged.row_gemv_staged(heads, w, scale, residual=stream, pdl=self.pdl)
-            except CompilationError as error:  # Gluon is experimental: as in _normed
-                last = (str(error).splitlines() or [type(error).__name__])[-1]
-                log.warning("int8 O from shared memory unavailable, row_gemv serves it: %s", last)
-                self.o_staged = [False] * len(self.o_staged)
-        return row_gemv(heads, w, scale, epilogue=RESIDUAL, residual=stream, pdl=self.pdl)
 
     def _normed(
         self,
