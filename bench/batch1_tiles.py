@@ -65,8 +65,8 @@ def tiles_of(overrides: dict[tuple[int, int], Tile]) -> Iterator[None]:
     """row_gemv's tile choice, with `overrides` for their shapes, while the block runs."""
     chosen = rg._tile
 
-    def tile(n: int, k: int, weight_bytes: int, device: torch.device) -> Tile:
-        return overrides.get((n, k)) or chosen(n, k, weight_bytes, device)
+    def tile(n: int, k: int, weight_bytes: int) -> Tile:
+        return overrides.get((n, k)) or chosen(n, k, weight_bytes)
 
     rg._tile = tile
     try:

@@ -83,7 +83,7 @@ def measure(name: str, fmt: str, bandwidth: float) -> list[dict[str, Any]]:
         kw.update(prologue=NORM, norm_weight=g, eps=1e-5)
     if epilogue == RESIDUAL:
         kw["residual"] = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
-    default = _tile(n, k, 0 if fmt == "fp8" else w.element_size(), x.device)
+    default = _tile(n, k, 0 if fmt == "fp8" else w.element_size())
     tiles = [default] + [t for t in GRIDS[fmt] if t != default and t[1] <= 2 * k]
     candidates: list[tuple[str, list[Any]]] = []
     for t in tiles:

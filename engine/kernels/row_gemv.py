@@ -50,8 +50,6 @@ conversion (e4m3 pairs to fp16 pairs, then fp32): e4m3 has no linear bit trick l
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -256,18 +254,14 @@ def _row_gemv(
         tl.store(out_ptr + rn, y.to(dt), mask=nmask)
 
 
-@functools.cache
-def _h200(device: torch.device) -> bool:
-    return device.type == "cuda" and "H200" in torch.cuda.get_device_name(device)
-
-
-def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int, int, int]:
+def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
     """(BN, BK, warps) for an N × K product, the best measured at the LLaMA-3-8B shapes
-    (bench/RESULTS-gpu.md): bf16 and fp8 on an H200, bf16 also on an H100, int8 on an H100.
+    (bench/RESULTS-gpu.md): bf16 on an H100 and an H200, fp8 on an H200, int8 on an H100 (on an
+    H200 the other tiles tried were no faster).
 
-    bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs;
-    on an H200 4,096 for the products of more than 4,096 rows (the QKV, gate/up and the head),
-    on an H100 that cost 2 points of batch-1 decode. Int8, its inputs read as words: 8 warps;
+    bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs
+    (4,096 for the products of more than 4,096 rows cost batch-1 decode 2 points on an H100 and
+    1 on an H200). Int8, its inputs read as words: 8 warps;
     16 rows a program for the products of 4,096 inputs (QKV 1,024 inputs a tile, O 2,048), 8
     for down's 14,336 (2,048 a tile); 32 rows of 512 inputs where gate/up or the head are not
     on row_gemv_tc.
@@ -283,8 +277,7 @@ def _tile(n: int, k: int, weight_bytes: int, device: torch.device) -> tuple[int,
         if n > 8192:
             return 32, 512, 4
         return 16, 1024 if n > 4096 else 2048, 8
-    wide = 4096 if n > 4096 and _h200(device) else 2048
-    return 4, min(wide, triton.next_power_of_2(k)), 8
+    return 4, min(2048, triton.next_power_of_2(k)), 8
 
 
 def row_gemv(
@@ -317,7 +310,7 @@ def row_gemv(
     assert (scale is not None) == (int8 or fp8) and (int8 or fp8 or weight.dtype == x.dtype)
     assert (prologue == NORM) == (norm_weight is not None)
     assert (epilogue == RESIDUAL) == (residual is not None)
-    bn, bk, warps = tile or _tile(n, k, 0 if fp8 else weight.element_size(), x.device)
+    bn, bk, warps = tile or _tile(n, k, 0 if fp8 else weight.element_size())
     if epilogue == SWIGLU:
         assert n % 2 == 0 and bn % 2 == 0
         n //= 2

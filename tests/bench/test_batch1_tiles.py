@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-import torch
 
 from bench.batch1_tiles import SHAPES, parse_variant, tiles_of
 from engine.kernels import row_gemv as rg
@@ -29,9 +28,8 @@ def test_a_bad_variant_is_refused_by_name(text: str, named: str) -> None:
 
 
 def test_tiles_apply_to_their_shapes_only_and_only_inside() -> None:
-    cpu = torch.device("cpu")
-    committed_o, committed_down = rg._tile(4096, 4096, 1, cpu), rg._tile(4096, 14336, 1, cpu)
+    committed_o, committed_down = rg._tile(4096, 4096, 1), rg._tile(4096, 14336, 1)
     with tiles_of({SHAPES["o"]: (4, 512, 2)}):
-        assert rg._tile(4096, 4096, 1, cpu) == (4, 512, 2)
-        assert rg._tile(4096, 14336, 1, cpu) == committed_down
-    assert rg._tile(4096, 4096, 1, cpu) == committed_o
+        assert rg._tile(4096, 4096, 1) == (4, 512, 2)
+        assert rg._tile(4096, 14336, 1) == committed_down
+    assert rg._tile(4096, 4096, 1) == committed_o
