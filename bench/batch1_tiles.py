@@ -4,12 +4,14 @@ falls on all of them alike. bench.row_tiles times a product alone; this times th
 where each product overlaps its neighbours.
 
     python -m bench.batch1_tiles [--quantize int8] [--rounds 2] \
-        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--json PATH]
+        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--without-attention] [--json PATH]
 
 A variant names products (qkv, o, gate_up, down, head) and the (rows, inputs, warps) tile each
 takes instead of engine/kernels/row_gemv.py's choice; the committed tiles always run first.
 Greedy tokens of a fixed prompt are compared with the committed tiles' (random weights make
 near ties, so another summation order may change a token: a note, not an error).
+--without-attention adds the committed tiles with no attention kernel in the graph (its output
+left unwritten, so the tokens are wrong): the most that any attention kernel could win.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -28,6 +30,7 @@ from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
 from engine.kernels import row_gemv as rg
+from engine.kernels.rope_attention import RopeAttention
 
 DIM, FFN, QKV, VOCAB = 4096, 14336, 6144, 128256
 SHAPES = {  # a product's (N, K) as row_gemv sees it
@@ -38,6 +41,7 @@ SHAPES = {  # a product's (N, K) as row_gemv sees it
     "head": (VOCAB, DIM),
 }
 Tile = tuple[int, int, int]
+NO_ATTENTION = "committed, no attention kernel"
 
 
 def parse_variant(text: str) -> dict[tuple[int, int], Tile]:
@@ -75,6 +79,23 @@ def tiles_of(overrides: dict[tuple[int, int], Tile]) -> Iterator[None]:
         rg._tile = chosen
 
 
+@contextmanager
+def without_attention() -> Iterator[None]:
+    """While the block runs, RopeAttention returns an unwritten output and launches nothing
+    (RoPE, the K/V store and attention all left out of graphs captured then)."""
+    call = RopeAttention.__call__
+
+    def unwritten(self: RopeAttention, qkv: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        return torch.empty((qkv.shape[0], self.n_heads, qkv.shape[2]), dtype=qkv.dtype,
+                           device=qkv.device)  # fmt: skip
+
+    RopeAttention.__call__ = unwritten  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        RopeAttention.__call__ = call  # type: ignore[method-assign]
+
+
 def greedy_tokens(engine: Engine, count: int = 16) -> list[int]:
     ids = list(range(100, 164))
     table = list(range(-(-(len(ids) + count) // engine.block_size)))
@@ -103,6 +124,11 @@ def main() -> None:
         help='tiles to try, as "qkv=8,1024,4 o=8,1024,8" (products: qkv, o, gate_up, down, '
         "head; a tile: rows,inputs,warps); repeat for more variants",
     )
+    parser.add_argument(
+        "--without-attention",
+        action="store_true",
+        help="also the committed tiles with no attention kernel (wrong tokens; an upper bound)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="each variant's runs (default 2)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps a run (default 128)")
     json_option(parser, "batch1_tiles.json")
@@ -123,13 +149,19 @@ def main() -> None:
         " ".join(f"{k}={','.join(map(str, v[s]))}" for k, s in SHAPES.items() if s in v)
         for v in args.variant
     ]
+    if args.without_attention:
+        variants.append({})
+        names.append(NO_ATTENTION)
     reference: list[int] | None = None
     rows: list[dict[str, Any]] = []
     print(f"{'variant':<40} {'round':>5} {'engine tok/s':>12} {'of roof':>8} {'graph alone':>11}")
     for r in range(args.rounds):
         order = list(range(len(variants)))
         for i in order if r % 2 == 0 else order[::-1]:
-            with tiles_of(variants[i]):
+            with (
+                tiles_of(variants[i]),
+                without_attention() if names[i] == NO_ATTENTION else nullcontext(),
+            ):
                 engine.graphs.use_row_kernels(True)  # captured with this variant's tiles
             tokens = greedy_tokens(engine)
             reference = reference or tokens

@@ -1,13 +1,16 @@
-"""bench.batch1_tiles's variants: parsed by product name, and set only while a graph is captured."""
+"""bench.batch1_tiles's variants: parsed by product name, and set (as is leaving attention out)
+only while a graph is captured."""
 
 from __future__ import annotations
 
 import argparse
 
 import pytest
+import torch
 
-from bench.batch1_tiles import SHAPES, parse_variant, tiles_of
+from bench.batch1_tiles import SHAPES, parse_variant, tiles_of, without_attention
 from engine.kernels import row_gemv as rg
+from engine.kernels.rope_attention import RopeAttention
 
 
 def test_a_variant_names_each_products_tile() -> None:
@@ -33,3 +36,14 @@ def test_tiles_apply_to_their_shapes_only_and_only_inside() -> None:
         assert rg._tile(4096, 4096, 1) == (4, 512, 2)
         assert rg._tile(4096, 14336, 1) == committed_down
     assert rg._tile(4096, 4096, 1) == committed_o
+
+
+def test_attention_is_left_out_only_inside() -> None:
+    original = RopeAttention.__call__
+    attention = RopeAttention(1, 8, 2, 16, 16, 64, torch.device("cpu"))
+    qkv = torch.zeros(1, 12, 16, dtype=torch.bfloat16)
+    with without_attention():
+        out = attention(qkv, torch.ones(8), torch.zeros(4, 2, 2, 16), torch.zeros(1, 4),
+                        torch.ones(1), torch.zeros(1))  # fmt: skip
+        assert out.shape == (1, 8, 16) and out.dtype == torch.bfloat16
+    assert RopeAttention.__call__ is original
