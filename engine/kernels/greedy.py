@@ -35,6 +35,7 @@ def _greedy(
     tl.store(sum_ptr + at, tl.sum(tl.exp(x - m), 0))
     counter = counter_ptr + row
     if tl.atomic_add(counter, 1, sem="acq_rel") == CHUNKS - 1:  # the last chunk: merge
+        tl.atomic_xchg(counter, 0, sem="relaxed")  # as merge.py's: no ordering needed, issued early
         c = tl.arange(0, CHUNKS_PAD)
         every = row * CHUNKS + c
         cm = c < CHUNKS
@@ -50,7 +51,6 @@ def _greedy(
         tl.store(tokens_ptr + row, token.to(tl.int64))
         tl.store(picks_ptr + 2 * row, token.to(tl.float64))
         tl.store(picks_ptr + 2 * row + 1, -tl.log(total).to(tl.float64))
-        tl.atomic_xchg(counter, 0)
 
 
 class GreedyPicks:

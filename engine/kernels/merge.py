@@ -59,5 +59,7 @@ def merge_when_last(
     to arrive merges them all (`_merge`'s arguments) and resets the counter for the next launch.
     The counter's acquire-release orders every partial's stores before the merge's loads."""
     if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1:
+        # Every partition has arrived, and the next launch starts after this one ends: the reset
+        # needs no ordering, and issued first its round trip overlaps the merge's loads.
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed")
         _merge(acc_ptr, m_ptr, l_ptr, out_ptr, b, kvh, parts, H, GROUP, GP, D, MAX_PARTS, CHUNK)
-        tl.atomic_xchg(counter_ptr, 0)
