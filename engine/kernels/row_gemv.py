@@ -260,8 +260,7 @@ def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
     H200 the other tiles tried were no faster).
 
     bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs
-    (4,096 for the products of more than 4,096 rows cost batch-1 decode 2 points on an H100 and
-    1 on an H200). Int8, its inputs read as words: 8 warps;
+    (4,096 for the products of more than 4,096 rows was slower on both cards). Int8, its inputs read as words: 8 warps;
     16 rows a program for the products of 4,096 inputs (QKV 1,024 inputs a tile, O 2,048), 8
     for down's 14,336 (2,048 a tile); 32 rows of 512 inputs where gate/up or the head are not
     on row_gemv_tc.
