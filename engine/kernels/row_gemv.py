@@ -216,6 +216,15 @@ def _first_ahead(
 
 
 @triton.jit
+def _prefetch(ptrs):
+    """Ask for the lines at ptrs in L1 without holding registers for them across the products
+    (loads into registers here cost O's tiles a program an SM)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L1 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _row_gemv(
     x_ptr, g_ptr, sq_ptr, w_ptr, s_ptr, res_ptr, out_ptr, sq_out_ptr, N, eps, one,
     K: tl.constexpr, PROLOGUE: tl.constexpr, N_SQ: tl.constexpr, EPILOGUE: tl.constexpr,
@@ -234,6 +243,11 @@ def _row_gemv(
     # A row of w is K weights, or K / 4 words of four int8 weights; a tile BK weights wide.
     PER: tl.constexpr = 4 if INT8 else 1
     rows = w_ptr + rn.to(tl.int64)[:, None] * (K // PER)
+    if (INT8 or FP8) and ASM:
+        # The row scales are weights: fetched before the wait, the epilogue reads them from L1
+        # rather than waiting on L2 after the products (the residual fetched so too gained
+        # nothing: bench/RESULTS-gpu.md, session 66).
+        _prefetch(s_ptr + tl.where(nmask, rn, 0))
     y = _first_ahead(x_ptr, g_ptr, sq_ptr, rows, nmask, eps, one, K, PROLOGUE, N_SQ, BN, BK, EVEN,
                      INT8, FP8, ASM, PDL)  # fmt: skip
     if INT8 or FP8:
@@ -260,10 +274,10 @@ def _tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
     H200 the other tiles tried were no faster).
 
     bf16: 4 rows a program, 8 warps, and wide loads keep enough bytes in flight: 2,048 inputs
-    (4,096 for the products of more than 4,096 rows was slower on both cards). Int8, its inputs read as words: 8 warps;
-    16 rows a program for the products of 4,096 inputs (QKV 1,024 inputs a tile, O 2,048), 8
-    for down's 14,336 (2,048 a tile); 32 rows of 512 inputs where gate/up or the head are not
-    on row_gemv_tc.
+    (4,096 for the products of more than 4,096 rows was slower on both cards). Int8, its inputs
+    read as words: 8 warps; 16 rows a program for the products of 4,096 inputs (QKV 1,024
+    inputs a tile, O 2,048), 8 for down's 14,336 (2,048 a tile); 32 rows of 512 inputs where
+    gate/up or the head are not on row_gemv_tc.
     (Splitting K across programs, the last to finish summing the parts, was slower for every
     shape, bf16 and int8; so was requesting the next tiles before using the one in hand.)
     FP8 (weight_bytes 0: a conversion, not int8's arithmetic): 8 rows and 4 warps, narrower

@@ -185,6 +185,14 @@ if gluon is not None:
         xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [K // TK, TK], RAW)
         for c in gl.static_range(K // TK):
             _async_load(gs.index(c), g_ptr + c * TK + xo)
+        # The row scales too (weights: a register a thread), so the epilogue waits on no load.
+        YL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+        yr = gl.arange(0, TN, layout=YL)
+        HALF: gl.constexpr = TN // 2
+        if EPILOGUE == 2:
+            scale = gl.load(s_ptr + pid * HALF + yr % HALF + (yr // HALF) * N)
+        else:
+            scale = gl.load(s_ptr + pid * TN + yr)
         if PDL:
             _griddep("griddepcontrol.wait; // $0")
             _griddep("griddepcontrol.launch_dependents; // $0")
@@ -227,13 +235,9 @@ if gluon is not None:
         n8 = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
         y = gl.sum(gl.where((n8 == 0)[None, :], acc, 0.0), 1)
 
-        YL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        y = gl.convert_layout(y, YL)
-        yr = gl.arange(0, TN, layout=YL)
+        y = gl.convert_layout(y, YL) * scale.to(gl.float32)
         dt: gl.constexpr = out_ptr.dtype.element_ty
         if EPILOGUE == 2:  # the model rounds gate and up, then silu(gate) * up
-            HALF: gl.constexpr = TN // 2
-            y = y * gl.load(s_ptr + pid * HALF + yr % HALF + (yr // HALF) * N).to(gl.float32)
             ys = gl.allocate_shared_memory(gl.float32, [TN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
             ys.store(y.to(dt).to(gl.float32))
             _barrier()
@@ -242,7 +246,6 @@ if gluon is not None:
             h = gate / (1.0 + gl.exp(-gate)) * up
             gl.store(out_ptr + pid * HALF + gl.arange(0, HALF, layout=YL), h.to(dt))
         else:
-            y = y * gl.load(s_ptr + pid * TN + yr).to(gl.float32)
             gl.store(out_ptr + pid * TN + yr, y.to(dt))
 
 
