@@ -60,20 +60,18 @@ def _rope_attention(
     base = pool_ptr + slots[:, None] * stride_slot + kvh * stride_ph + d[None, :]
     k = tl.load(base, mask=valid[:, None], other=0.0)  # (PART, D)
     v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
-    # The rotary angles and the new K/V's slot need nothing of that kernel either.
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     dt = qkv_ptr.dtype.element_ty
+    g = tl.arange(0, GROUP_PAD)
+    heads = kvh * GROUP + g
+    hmask = g < GROUP
     HALF: tl.constexpr = D // 2
     # Rotate-half RoPE: x' = x cos + (-x2, x1) sin, cos and sin rounded to the model's dtype.
     angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + d % HALF)
     cos = tl.cos(angle).to(dt).to(tl.float32)
     sin = tl.sin(angle).to(dt).to(tl.float32)
-    slot = tl.load(slot_ptr + b * stride_sb)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    g = tl.arange(0, GROUP_PAD)
-    heads = kvh * GROUP + g
-    hmask = g < GROUP
     partner = (d + HALF) % D
     sign = tl.where(d < HALF, -1.0, 1.0)
     row = qkv_ptr + b * stride_qb
@@ -87,6 +85,7 @@ def _rope_attention(
     v_new = tl.load(row + (H + KV + kvh) * D + d)
     last = s == parts - 1
     if last:
+        slot = tl.load(slot_ptr + b * stride_sb)
         dest = pool_ptr + slot * stride_slot + kvh * stride_ph + d
         tl.store(dest, k_new)
         tl.store(dest + stride_kv, v_new)

@@ -166,15 +166,6 @@ def _widened(w, FP8: tl.constexpr):
 
 
 @triton.jit
-def _prefetch(ptrs):
-    """Ask for the lines at ptrs in L1 without holding registers for them across the products
-    (loads into registers here cost O's tiles a program an SM)."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L1 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def _first_ahead(
     x_ptr, g_ptr, sq_ptr, rows, nmask, eps, one, K: tl.constexpr, PROLOGUE: tl.constexpr,
     N_SQ: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
@@ -187,20 +178,11 @@ def _first_ahead(
     cols = tl.arange(0, BK // PER)
     first = tl.load(rows + cols[None, :], mask=nmask[:, None] & _within(cols, KW, EVEN)[None, :],
                     other=0, eviction_policy="evict_first")  # fmt: skip
-    # NORM's rstd is a round trip (the sums of squares) and a block-wide sum before the first
-    # tile's inputs are read, another round trip: their lines are requested into L1 first, the
-    # norm weight's before the wait, the input's after it, so the two trips overlap.
-    LINE: tl.constexpr = 1024 // x_ptr.dtype.element_ty.primitive_bitwidth  # inputs a line
-    lines = tl.minimum(tl.arange(0, (BK + LINE - 1) // LINE) * LINE, K - 1)
-    if PROLOGUE == 1 and ASM:
-        _prefetch(g_ptr + lines)
     if PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's outputs are complete from here on
         tl.extra.cuda.gdc_launch_dependents()
     rstd = 1.0
     if PROLOGUE == 1:
-        if ASM:
-            _prefetch(x_ptr + lines)
         rstd = _rstd(x_ptr, sq_ptr, eps, K, N_SQ, BK)
     if INT8:
         acc = tl.zeros([BN, BK // 4], tl.float32)  # summed over the tile's width at the end
@@ -231,6 +213,15 @@ def _first_ahead(
             acc += _widened(w, FP8) * a[None, :]
         y = tl.sum(acc, 1)
     return y
+
+
+@triton.jit
+def _prefetch(ptrs):
+    """Ask for the lines at ptrs in L1 without holding registers for them across the products
+    (loads into registers here cost O's tiles a program an SM)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L1 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
