@@ -151,8 +151,12 @@ async def start_children(
     supervisor: Supervisor, config: ServeConfig, run_dir: Path
 ) -> list[ProcessSpec]:
     """Start worker, scheduler and tokenizers in turn, each made on ports picked just before it
-    starts, for the address of the one started before it; their settings files in run_dir."""
+    starts (none the config names or another was given), for the address of the one started
+    before it; their settings files in run_dir."""
     from services.launcher import ProcessSpec
+
+    named = (config.port, config.http_port, config.scheduler_port, config.worker_port)
+    supervisor.reserved.update(p for p in named if p)
 
     def spec(name: str, child_of: Callable[[Port], ChildConfig], port: Port) -> ProcessSpec:
         child = child_of(port)
@@ -181,13 +185,14 @@ async def start_children(
 
 async def _supervise(config: ServeConfig) -> int:
     from services.client_types import TandemError
-    from services.launcher import LaunchFailed, Supervisor, free_port
+    from services.launcher import LaunchFailed, Supervisor
     from services.listen import CannotListen, bind_error
     from services.process import stop_event_on_signals
 
     log = logging.getLogger("tandem.launcher")
+    supervisor = Supervisor({"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
     if config.port == 0:  # one free port, which every tokenizer shares and the demo is sent to
-        config = replace(config, port=free_port())
+        config = replace(config, port=supervisor.pick_port())
     ports = (("--port", config.port, "a free one"), ("--http-port", config.http_port, "no HTTP"))
     for option, port, zero in ports:
         # Without SO_REUSEPORT, which the tokenizers share these ports by: a process already on
@@ -198,7 +203,6 @@ async def _supervise(config: ServeConfig) -> int:
             return 1
     stop = stop_event_on_signals()
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-serve-"))
-    supervisor = Supervisor({"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
     try:
         starting = asyncio.create_task(start_children(supervisor, config, run_dir))
         stopped = asyncio.create_task(stop.wait())

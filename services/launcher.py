@@ -92,6 +92,16 @@ class Supervisor:
     ready_timeout_s: float
     children: list[Child] = field(default_factory=list)  # in start order
     stopping: bool = False
+    # Ports handed out or named by the user. A free port is held by nobody until its process binds
+    # it, seconds later: free_port() may return it again meanwhile, and must not be believed.
+    reserved: set[int] = field(default_factory=set)
+
+    def pick_port(self) -> int:
+        """A free port no process of this launch was given."""
+        while (port := free_port()) in self.reserved:
+            pass
+        self.reserved.add(port)
+        return port
 
     async def start(self, make: Callable[[Callable[[], int]], ProcessSpec]) -> ProcessSpec:
         """Start a process and wait until it serves. `make(port)` is its spec, on the ports the
@@ -100,7 +110,7 @@ class Supervisor:
         picked: list[int] = []
 
         def port() -> int:
-            picked.append(free_port())
+            picked.append(self.pick_port())
             return picked[-1]
 
         child = Child(make(port))

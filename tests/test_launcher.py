@@ -129,6 +129,40 @@ async def test_a_port_taken_after_it_was_picked_is_picked_again(
             thief.close()
 
 
+def test_a_port_handed_out_is_not_picked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OS may return a port again while the process it went to has not bound it yet."""
+    offered = iter([7001, 7002, 7001, 7002, 7003])
+    monkeypatch.setattr(launcher, "free_port", lambda: next(offered))
+    supervisor = Supervisor({}, ready_timeout_s=1, reserved={7002})
+    assert [supervisor.pick_port(), supervisor.pick_port()] == [7001, 7003]
+
+
+@pytest.mark.slow
+async def test_the_public_port_is_never_given_to_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The public port is picked before the worker loads and bound by the tokenizers after it: a
+    CI run lost its tokenizer when the scheduler's metrics port, picked meanwhile, was the same."""
+    config = parse_serve(_serve_flags())
+    offered: list[int] = []
+
+    def the_public_port_every_other_time() -> int:
+        offered.append(config.port if len(offered) % 2 == 0 else free_port())
+        return offered[-1]
+
+    monkeypatch.setattr(launcher, "free_port", the_public_port_every_other_time)
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    try:
+        specs = await start_children(supervisor, config, tmp_path)
+        given = [s.health_address for s in specs] + [s.metrics_url.split("/")[2] for s in specs]
+        ports = [int(address.rsplit(":", 1)[1]) for address in given]
+        assert len(set(ports)) == len(ports) == 6
+        assert config.port not in ports
+        assert offered.count(config.port) >= 6  # offered for each, and refused
+    finally:
+        await supervisor.stop_all()
+
+
 @pytest.mark.slow
 async def test_a_port_the_user_gave_that_is_taken_fails_the_start_naming_it(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
