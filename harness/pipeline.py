@@ -28,7 +28,11 @@ READY_TIMEOUT_S = 240.0
 # A port picked free (here, or by the launcher for its children) may be taken by another process
 # before the one it is meant for binds it: a launch that fails to bind starts over on new ports.
 LAUNCH_ATTEMPTS = 3
-_BIND_FAILED = re.compile(r"failed to bind|could not bind|address already in use", re.IGNORECASE)
+# gRPC's words, the launcher's, the OS's, and ours (services.listen) for a port that was taken.
+BIND_FAILED = re.compile(
+    r"failed to bind|could not bind|address already in use|port is in use|though it is free now",
+    re.IGNORECASE,
+)
 _STARTED = re.compile(r"started (\S+) \(pid (\d+)\) at (\S+)")
 
 
@@ -118,8 +122,11 @@ def _launch(
     on_started: Mapping[str, Callable[[Pipeline], None]] | None,
 ) -> Pipeline:
     """`tandem serve` on new ports, once it is serving; stopped again if it never gets there."""
-    port, sched, worker = free_port(), free_port(), free_port()
-    http = [] if "--http-port" in flags else ["--http-port", str(free_port())]
+    picked: set[int] = set()
+    while len(picked) < 4:  # the OS may return a port again once it is closed
+        picked.add(free_port())
+    port, sched, worker, http_port = picked
+    http = [] if "--http-port" in flags else ["--http-port", str(http_port)]
     log_path = log_dir / f"serve-{port}.log"
     cmd = [
         sys.executable,
@@ -176,7 +183,7 @@ def _launch(
             if line is None:
                 code = proc.wait()
                 log_pump.join(timeout=60)  # the whole log: it says why
-                failed = PortTaken if _BIND_FAILED.search(running.log()) else RuntimeError
+                failed = PortTaken if BIND_FAILED.search(running.log()) else RuntimeError
                 raise failed(f"tandem serve exited with {code}:\n{running.log()[-3000:]}")
             if line.startswith("tandem serving"):
                 break

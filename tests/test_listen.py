@@ -7,6 +7,7 @@ that could not bind its port died with gRPC's "Failed to bind" in a traceback.""
 
 from __future__ import annotations
 
+import errno
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.pipeline import BIND_FAILED
 from services.address import join_address, split_address
 from services.cli_serve import parse_serve
 from services.launcher import free_port
@@ -42,6 +44,17 @@ def test_why_an_address_cannot_be_listened_on(reuse_port_listener: int) -> None:
     taken = bind_error("127.0.0.1", port)
     assert str(CannotListen(f"127.0.0.1:{port}", taken)) == (
         f"cannot listen on 127.0.0.1:{port}: the port is in use by another process"
+    )
+
+
+def test_the_test_harness_starts_over_on_new_ports_for_each_way_a_port_is_taken() -> None:
+    """A CI run lost ten tests to a port taken while its process started: the harness's launch,
+    which starts over on new ports, did not know our own words for it."""
+    taken = OSError(errno.EADDRINUSE, "Address already in use")
+    for said in (str(CannotListen("127.0.0.1:1", taken)), str(CannotListen("127.0.0.1:1", None))):
+        assert BIND_FAILED.search(said)
+    assert not BIND_FAILED.search(
+        str(CannotListen(NOT_HERE + ":1", OSError(errno.EADDRNOTAVAIL, "")))
     )
     elsewhere = bind_error(NOT_HERE, 50051)
     assert str(CannotListen(f"{NOT_HERE}:50051", elsewhere)).endswith(
