@@ -1,5 +1,5 @@
 """Fixtures shared by every layer's tests: the cached model files, an address nothing listens
-on, an OTLP receiver, GPU skipping, and the Hypothesis profiles.
+on, an OTLP receiver, GPU skipping, pinned random numbers, and the Hypothesis profiles.
 
 Property tests are reproducible by default: the "ci" profile derandomizes Hypothesis (the
 examples follow from each test's own code) and keeps no example database, so every run of
@@ -9,7 +9,9 @@ more examples; what it finds belongs in the test as an `@example`."""
 from __future__ import annotations
 
 import os
+import random
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,26 @@ from tests.telemetry.otlp_receiver import OtlpReceiver
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", max_examples=1000)
 settings.load_profile("ci")
+
+
+def _seed() -> None:
+    random.seed(0)
+    if (np := sys.modules.get("numpy")) is not None:  # seeded where a test module imported it
+        np.random.seed(0)
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.manual_seed(0)
+
+
+# Each test, and each module's fixtures, draw the same random numbers on every run, whichever
+# tests ran before: a tolerance met by most random inputs is not met by all of them.
+@pytest.fixture(scope="module", autouse=True)
+def _pinned_random_numbers_of_the_module() -> None:
+    _seed()
+
+
+@pytest.fixture(autouse=True)
+def _pinned_random_numbers() -> None:
+    _seed()
 
 
 def _home() -> Path:
