@@ -122,6 +122,29 @@ def _half(words, BYTE: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
+def _words(ptr, k0, K: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr):
+    """The 16-bit values ptr[k0:k0 + BK] as BK / 4 64-bit words of four."""
+    wc = k0 // 4 + tl.arange(0, BK // 4)
+    wm = _within(wc, K // 4, EVEN)
+    return tl.load(ptr.to(tl.pointer_type(tl.int64), bitcast=True) + wc, mask=wm, other=0)
+
+
+@triton.jit
+def _int8_words_product(
+    acc, sums, flipped, one, xw, gw, rstd, dt: tl.constexpr, PROLOGUE: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """_int8_product's sums for 16-bit inputs and norm weights given as words of four."""
+    for byte in tl.static_range(4):
+        a = _half(xw, byte, dt)
+        if PROLOGUE == 1:
+            a = ((a * rstd).to(dt) * _half(gw, byte, dt).to(dt)).to(tl.float32)
+        acc += _one_plus(flipped, one, byte, ASM) * a[None, :]
+        sums += a
+    return acc, sums
+
+
+@triton.jit
 def _int8_product(
     acc, sums, words, one, x_ptr, g_ptr, k0, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr,
     BK: tl.constexpr, EVEN: tl.constexpr, ASM: tl.constexpr,
@@ -135,18 +158,11 @@ def _int8_product(
         # 16-bit inputs (the engine's): a word's four in one 64-bit load, a thread's for
         # four words in one 128-bit load, where each input was a 2-byte load of its own
         # (int8 QKV and O 6–10 points of the copy rate faster: bench/RESULTS-gpu.md, session 64).
-        wc = k0 // 4 + cols
-        wm = _within(wc, K // 4, EVEN)
-        xw = tl.load(x_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + wc, mask=wm, other=0)
+        xw = _words(x_ptr, k0, K, BK, EVEN)
+        gw = xw
         if PROLOGUE == 1:
-            gw = tl.load(g_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + wc, mask=wm,
-                         other=0)  # fmt: skip
-        for byte in tl.static_range(4):
-            a = _half(xw, byte, dt)
-            if PROLOGUE == 1:
-                a = ((a * rstd).to(dt) * _half(gw, byte, dt).to(dt)).to(tl.float32)
-            acc += _one_plus(flipped, one, byte, ASM) * a[None, :]
-            sums += a
+            gw = _words(g_ptr, k0, K, BK, EVEN)
+        acc, sums = _int8_words_product(acc, sums, flipped, one, xw, gw, rstd, dt, PROLOGUE, ASM)
     else:
         for byte in tl.static_range(4):
             kk = k0 + 4 * cols + byte
@@ -178,18 +194,35 @@ def _first_ahead(
     cols = tl.arange(0, BK // PER)
     first = tl.load(rows + cols[None, :], mask=nmask[:, None] & _within(cols, KW, EVEN)[None, :],
                     other=0, eviction_policy="evict_first")  # fmt: skip
+    # Int8 NORM: the first tile's norm weights before the wait and its inputs right after, so
+    # that their round trip overlaps rstd's (the sums of squares, then a block-wide sum) instead
+    # of following it (+0.2% int8 batch-1; bf16 loses 1.6% with the same: bench/RESULTS-gpu.md,
+    # session 68). 16-bit inputs as words, as _int8_product reads them.
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    AHEAD: tl.constexpr = (
+        PROLOGUE == 1 and INT8 and dt.primitive_bitwidth == 16 and g_ptr.dtype.element_ty == dt
+    )
+    if AHEAD:
+        g0 = _words(g_ptr, 0, K, BK, EVEN)
     if PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's outputs are complete from here on
         tl.extra.cuda.gdc_launch_dependents()
+    if AHEAD:
+        x0 = _words(x_ptr, 0, K, BK, EVEN)
     rstd = 1.0
     if PROLOGUE == 1:
         rstd = _rstd(x_ptr, sq_ptr, eps, K, N_SQ, BK)
     if INT8:
         acc = tl.zeros([BN, BK // 4], tl.float32)  # summed over the tile's width at the end
         sums = tl.zeros([BK // 4], tl.float32)
-        acc, sums = _int8_product(
-            acc, sums, first, one, x_ptr, g_ptr, 0, rstd, K, PROLOGUE, BK, EVEN, ASM
-        )
+        if AHEAD:
+            acc, sums = _int8_words_product(
+                acc, sums, first ^ _SIGN_BITS, one, x0, g0, rstd, dt, PROLOGUE, ASM
+            )
+        else:
+            acc, sums = _int8_product(
+                acc, sums, first, one, x_ptr, g_ptr, 0, rstd, K, PROLOGUE, BK, EVEN, ASM
+            )
         for k0 in range(BK, K, BK):
             wk = k0 // 4 + cols
             wm = nmask[:, None] & _within(wk, KW, EVEN)[None, :]
