@@ -149,10 +149,11 @@ def tokenizer_config(config: ServeConfig, scheduler: str, port: Port) -> Tokeniz
 
 async def start_children(
     supervisor: Supervisor, config: ServeConfig, run_dir: Path
-) -> list[ProcessSpec]:
+) -> tuple[ServeConfig, list[ProcessSpec]]:
     """Start worker, scheduler and tokenizers in turn, each made on ports picked just before it
     starts (none the config names or another was given), for the address of the one started
-    before it; their settings files in run_dir."""
+    before it; their settings files in run_dir. Returns the config as served (`--port 0`: the
+    public port picked) and the processes."""
     from services.launcher import ProcessSpec
 
     named = (config.port, config.http_port, config.scheduler_port, config.worker_port)
@@ -175,12 +176,22 @@ async def start_children(
     worker = await supervisor.start(partial(spec, "worker", partial(worker_config, config)))
     scheduler_of = partial(scheduler_config, config, worker.health_address)
     scheduler = await supervisor.start(partial(spec, "scheduler", scheduler_of))
-    tokenizer_of = partial(tokenizer_config, config, scheduler.health_address)
+    public = config.port
+
+    def tokenizer_of(first: bool, port: Port) -> TokenizerConfig:
+        # `--port 0`: the public port is one of the first tokenizer's picked ports, so that one
+        # another program takes before the tokenizer binds it (after the worker has loaded) is
+        # picked again like any other; the later tokenizers share the port it bound.
+        nonlocal public
+        if first and not config.port:
+            public = port()
+        return tokenizer_config(replace(config, port=public), scheduler.health_address, port)
+
     tokenizers = [
-        await supervisor.start(partial(spec, f"tokenizer-{i}", tokenizer_of))
+        await supervisor.start(partial(spec, f"tokenizer-{i}", partial(tokenizer_of, i == 1)))
         for i in range(1, config.tokenizers + 1)
     ]
-    return [worker, scheduler, *tokenizers]
+    return replace(config, port=public), [worker, scheduler, *tokenizers]
 
 
 async def _supervise(config: ServeConfig) -> int:
@@ -191,8 +202,6 @@ async def _supervise(config: ServeConfig) -> int:
 
     log = logging.getLogger("tandem.launcher")
     supervisor = Supervisor({"PYTHONUNBUFFERED": "1", **os.environ}, config.ready_timeout)
-    if config.port == 0:  # one free port, which every tokenizer shares and the demo is sent to
-        config = replace(config, port=supervisor.pick_port())
     ports = (("--port", config.port, "a free one"), ("--http-port", config.http_port, "no HTTP"))
     for option, port, zero in ports:
         # Without SO_REUSEPORT, which the tokenizers share these ports by: a process already on
@@ -210,7 +219,8 @@ async def _supervise(config: ServeConfig) -> int:
         if stopped.done():
             starting.cancel()
             return 130
-        for s in starting.result():
+        config, specs = starting.result()  # with the public port picked, where it was 0
+        for s in specs:
             if s.metrics_url:
                 log.info("%s metrics at %s", s.name, s.metrics_url)
                 print(f"metrics {s.name} {s.metrics_url}", flush=True)

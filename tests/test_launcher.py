@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from services import launcher
-from services.cli_serve import parse_serve, start_children
-from services.launcher import Child, LaunchFailed, ProcessSpec, Supervisor, free_port
+from services import cli_serve, launcher
+from services.cli_serve import Port, ServeConfig, parse_serve, start_children, tokenizer_config
+from services.launcher import Child, LaunchFailed, ProcessSpec, Supervisor, free_port, wait_serving
+from services.tokenizer.config import TokenizerConfig
 
 
 @pytest.mark.parametrize("ended_by", ["shutdown", "another kill"])
@@ -113,7 +114,7 @@ async def test_a_port_taken_after_it_was_picked_is_picked_again(
     caplog.set_level(logging.INFO, logger="tandem.launcher")
     supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
     try:
-        worker, *_ = await start_children(supervisor, config, tmp_path)
+        _, (worker, *_) = await start_children(supervisor, config, tmp_path)
         taken = {str(t.getsockname()[1]) for t in thieves}
         assert len(taken) == 2
         assert worker.health_address.rsplit(":", 1)[1] not in taken
@@ -153,7 +154,7 @@ async def test_the_public_port_is_never_given_to_another_process(
     monkeypatch.setattr(launcher, "free_port", the_public_port_every_other_time)
     supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
     try:
-        specs = await start_children(supervisor, config, tmp_path)
+        _, specs = await start_children(supervisor, config, tmp_path)
         given = [s.health_address for s in specs] + [s.metrics_url.split("/")[2] for s in specs]
         ports = [int(address.rsplit(":", 1)[1]) for address in given]
         assert len(set(ports)) == len(ports) == 6
@@ -161,6 +162,39 @@ async def test_the_public_port_is_never_given_to_another_process(
         assert offered.count(config.port) >= 6  # offered for each, and refused
     finally:
         await supervisor.stop_all()
+
+
+@pytest.mark.slow
+async def test_a_public_port_picked_then_taken_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--port 0`: the tokenizers bind the public port after the worker has loaded, seconds after
+    it was picked. Taken meanwhile by another program, it is picked again, and every tokenizer
+    shares the new one."""
+    thieves: list[socket.socket] = []
+
+    def taken_before_the_bind(config: ServeConfig, scheduler: str, port: Port) -> TokenizerConfig:
+        if not thieves:
+            thieves.append(_taken(config.port))
+        return tokenizer_config(config, scheduler, port)
+
+    monkeypatch.setattr(cli_serve, "tokenizer_config", taken_before_the_bind)
+    caplog.set_level(logging.INFO, logger="tandem.launcher")
+    flags = [*_serve_flags("--tokenizers", "2"), "--port", "0"]  # the last --port wins
+    supervisor = Supervisor(dict(os.environ), ready_timeout_s=240)
+    try:
+        served, _ = await start_children(supervisor, parse_serve(flags), tmp_path)
+        stolen = thieves[0].getsockname()[1]
+        assert served.port not in (0, stolen)
+        for name in ("tokenizer-1", "tokenizer-2"):
+            assert json.loads((tmp_path / f"{name}.json").read_text())["port"] == served.port
+        await wait_serving(f"127.0.0.1:{served.port}", 60)
+        said = [r.getMessage() for r in caplog.records]
+        assert f"tokenizer-1 could not bind port {stolen}; starting it on new ports" in said
+    finally:
+        await supervisor.stop_all()
+        for thief in thieves:
+            thief.close()
 
 
 @pytest.mark.slow
