@@ -14,12 +14,9 @@ of query heads, and the s-th partition of the context, as paged_decode does, and
 - if its partition holds the new position, stores the new K and V into the pool and scores the
   new key from registers (the pool is read only for earlier positions, so no program reads what
   another writes);
-- where the context fits one partition, writes the output itself; else leaves its partial in a
-  workspace, each word flagged with this launch's epoch, and the last partition of (b, h)
-  reads them all until every flag is there, merges them, 8 partitions a round, and moves the
-  epoch on (engine/kernels/merge.py's `merge_flagged`: one round trip to L2 where a counter
-  took three; bench/RESULTS-gpu.md, session 69). The epoch is read before the wait: the last
-  launch, which moved it, ended before this one's wait.
+- leaves its partial result in a workspace and bumps a counter: the last partition of (b, h) to
+  arrive merges them all, 16 partitions a round, writes the output, and resets the counter
+  (engine/kernels/merge.py).
 """
 
 from __future__ import annotations
@@ -28,13 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.merge import merge_flagged, pack
+from engine.kernels.merge import merge_when_last
 
 
 @triton.jit
 def _rope_attention(
     qkv_ptr, inv_freq_ptr, pool_ptr, tables_ptr, ctx_ptr, slot_ptr,
-    acc_ptr, m_ptr, l_ptr, epoch_ptr, out_ptr, scale,
+    acc_ptr, m_ptr, l_ptr, counter_ptr, out_ptr, scale,
     stride_qb, stride_slot, stride_kv, stride_ph, stride_tb, stride_cb, stride_sb, stride_ob,
     H: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
@@ -63,7 +60,6 @@ def _rope_attention(
     base = pool_ptr + slots[:, None] * stride_slot + kvh * stride_ph + d[None, :]
     k = tl.load(base, mask=valid[:, None], other=0.0)  # (PART, D)
     v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
-    epoch = tl.load(epoch_ptr + b * KV + kvh) + 1  # this launch's
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -111,21 +107,12 @@ def _rope_attention(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    if parts == 1:
-        out = acc / tl.where(hmask, l_i, 1.0)[:, None]
-        dest = out_ptr + b * stride_ob + heads[:, None] * D + d[None, :]
-        tl.store(dest, out.to(dt), mask=hmask[:, None])
-    else:
-        flag = epoch.to(tl.int64) << 32
-        part_at = (b * H + heads) * MAX_PARTS
-        tl.store(acc_ptr + (part_at + s)[:, None] * D + d[None, :], pack(acc, flag),
-                 mask=hmask[:, None])  # fmt: skip
-        tl.store(m_ptr + part_at + s, pack(m_i, flag), mask=hmask)
-        tl.store(l_ptr + part_at + s, pack(l_i, flag), mask=hmask)
-        if last:
-            merge_flagged(acc_ptr, m_ptr, l_ptr, out_ptr + b * stride_ob, b, kvh, parts, epoch,
-                          H, GROUP, GP, D, MAX_PARTS, CHUNK)  # fmt: skip
-            tl.store(epoch_ptr + b * KV + kvh, epoch)
+    part_at = (b * H + heads) * MAX_PARTS
+    tl.store(acc_ptr + (part_at + s)[:, None] * D + d[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part_at + s, m_i, mask=hmask)
+    tl.store(l_ptr + part_at + s, l_i, mask=hmask)
+    merge_when_last(counter_ptr + b * KV + kvh, acc_ptr, m_ptr, l_ptr, out_ptr + b * stride_ob,
+                    b, kvh, parts, H, GROUP, GP, D, MAX_PARTS, CHUNK)  # fmt: skip
 
 
 class RopeAttention:
@@ -147,12 +134,10 @@ class RopeAttention:
         self.block_size, self.part_blocks = block_size, part_blocks
         self.max_parts = -(-max_context // (block_size * part_blocks))
         rows = batch * n_heads * self.max_parts
-        # Partials as (epoch << 32 | fp32 bits) words; zeros hold epoch 0, which no launch uses.
-        self.acc = torch.zeros(rows * head_dim, dtype=torch.int64, device=device)
-        self.m = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.l = torch.zeros(rows, dtype=torch.int64, device=device)
-        # Launches that merged partitions, per (row, KV head); the next launch's flag is one more.
-        self.epochs = torch.zeros(batch * n_kv_heads, dtype=torch.int32, device=device)
+        self.acc = torch.empty(rows * head_dim, dtype=torch.float32, device=device)
+        self.m = torch.empty(rows, dtype=torch.float32, device=device)
+        self.l = torch.empty(rows, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(batch * n_kv_heads, dtype=torch.int32, device=device)
 
     def __call__(
         self,
@@ -173,13 +158,13 @@ class RopeAttention:
         out = torch.empty((b, self.n_heads, hd), dtype=qkv.dtype, device=qkv.device)
         _rope_attention[(b, self.n_kv, self.max_parts)](
             qkv, inv_freq, pool, tables, context_lens, slots,
-            self.acc, self.m, self.l, self.epochs, out, hd**-0.5,
+            self.acc, self.m, self.l, self.counters, out, hd**-0.5,
             qkv.stride(0), pool.stride(0), pool.stride(1), pool.stride(2), tables.stride(0),
             context_lens.stride(0), slots.stride(0), out.stride(0),
             H=self.n_heads, KV=self.n_kv, GROUP=self.group,
             GROUP_PAD=max(16, triton.next_power_of_2(self.group)),
             GP=triton.next_power_of_2(self.group), D=hd, BLOCK=self.block_size,
-            PART=self.block_size * self.part_blocks, MAX_PARTS=self.max_parts, CHUNK=8,
+            PART=self.block_size * self.part_blocks, MAX_PARTS=self.max_parts, CHUNK=16,
             PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
         return out
