@@ -4,7 +4,8 @@ falls on all of them alike. bench.row_tiles times a product alone; this times th
 where each product overlaps its neighbours.
 
     python -m bench.batch1_tiles [--quantize int8] [--rounds 2] \
-        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--without-attention] [--json PATH]
+        [--variant "qkv=8,1024,4 o=8,1024,8"] ... [--least-attention] [--without-attention] \
+        [--json PATH]
 
 A variant names products (qkv, o, gate_up, down, head) and the (rows, inputs, warps) tile each
 takes instead of engine/kernels/row_gemv.py's choice; the committed tiles always run first.
@@ -12,6 +13,8 @@ Greedy tokens of a fixed prompt are compared with the committed tiles' (random w
 near ties, so another summation order may change a token: a note, not an error).
 --without-attention adds the committed tiles with no attention kernel in the graph (its output
 left unwritten, so the tokens are wrong): the most that any attention kernel could win.
+--least-attention adds them with bench/least_attention.py's kernel in its place (no RoPE, no K/V
+store, no merge: wrong tokens too): what any attention launch between QKV and O costs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from bench.cli import first_paragraph, json_option, tandem_home, write_json
 from bench.gpu_measure import batch1_decode, copy_bandwidth, free, graph_only, weight_bytes
+from bench.least_attention import least_attention
 from engine import registry
 from engine.batch import SeqInput
 from engine.engine import Engine
@@ -42,6 +46,7 @@ SHAPES = {  # a product's (N, K) as row_gemv sees it
 }
 Tile = tuple[int, int, int]
 NO_ATTENTION = "committed, no attention kernel"
+LEAST_ATTENTION = "committed, the least attention kernel"
 
 
 def parse_variant(text: str) -> dict[tuple[int, int], Tile]:
@@ -129,6 +134,12 @@ def main() -> None:
         action="store_true",
         help="also the committed tiles with no attention kernel (wrong tokens; an upper bound)",
     )
+    parser.add_argument(
+        "--least-attention",
+        action="store_true",
+        help="also the committed tiles with the least attention kernel (wrong tokens; what an "
+        "attention launch costs)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="each variant's runs (default 2)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps a run (default 128)")
     json_option(parser, "batch1_tiles.json")
@@ -149,19 +160,19 @@ def main() -> None:
         " ".join(f"{k}={','.join(map(str, v[s]))}" for k, s in SHAPES.items() if s in v)
         for v in args.variant
     ]
-    if args.without_attention:
-        variants.append({})
-        names.append(NO_ATTENTION)
+    for wanted, name in ((args.least_attention, LEAST_ATTENTION),
+                         (args.without_attention, NO_ATTENTION)):  # fmt: skip
+        if wanted:
+            variants.append({})
+            names.append(name)
+    attention = {NO_ATTENTION: without_attention, LEAST_ATTENTION: least_attention}
     reference: list[int] | None = None
     rows: list[dict[str, Any]] = []
     print(f"{'variant':<40} {'round':>5} {'engine tok/s':>12} {'of roof':>8} {'graph alone':>11}")
     for r in range(args.rounds):
         order = list(range(len(variants)))
         for i in order if r % 2 == 0 else order[::-1]:
-            with (
-                tiles_of(variants[i]),
-                without_attention() if names[i] == NO_ATTENTION else nullcontext(),
-            ):
+            with tiles_of(variants[i]), attention.get(names[i], nullcontext)():
                 engine.graphs.use_row_kernels(True)  # captured with this variant's tiles
             tokens = greedy_tokens(engine)
             reference = reference or tokens

@@ -1,14 +1,19 @@
-"""bench.batch1_tiles's variants: parsed by product name, and set (as is leaving attention out)
-only while a graph is captured."""
+"""bench.batch1_tiles's variants: parsed by product name, and set (as are leaving attention out
+and the least attention kernel) only while a graph is captured; that kernel's arithmetic in
+Triton's interpreter."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from bench.batch1_tiles import SHAPES, parse_variant, tiles_of, without_attention
+from bench.least_attention import least_attention, least_call
 from engine.kernels import row_gemv as rg
 from engine.kernels.rope_attention import RopeAttention
 
@@ -47,3 +52,20 @@ def test_attention_is_left_out_only_inside() -> None:
                         torch.ones(1), torch.zeros(1))  # fmt: skip
         assert out.shape == (1, 8, 16) and out.dtype == torch.bfloat16
     assert RopeAttention.__call__ is original
+
+
+def test_the_least_attention_kernel_is_launched_only_inside() -> None:
+    original = RopeAttention.__call__
+    with least_attention():
+        assert RopeAttention.__call__ is least_call
+    assert RopeAttention.__call__ is original
+
+
+def test_the_least_attention_kernel_is_attention_over_one_partition_in_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = "from bench.least_attention import check_small; check_small()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("max error") == 3
