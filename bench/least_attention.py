@@ -1,14 +1,14 @@
 """The least attention kernel that can sit between QKV and O in the batch-1 graph: what any
 attention launch there costs, however it is written.
 
-It does what engine/kernels/rope_attention.py's kernel cannot leave out of one launch: each
-program (sequence, KV head, partition of 64 tokens) requests its keys and values before the
-programmatic-dependent-launch wait, then loads its heads' queries (the wait is for them), takes
-the two products, and stores a normalized output. It leaves out RoPE, the new token's K/V store
-and the merge of partitions: every partition writes the same output rows, so the tokens are
-wrong. bench/batch1_tiles.py's `--least-attention` runs it in place of the real kernel, beside
-`--without-attention` (no kernel at all): the difference between the two is the launch's own
-price (bench/RESULTS-gpu.md, session 69).
+It does what engine/kernels/rope_attention.py's kernel cannot leave out of one launch: each program
+(sequence, KV head, partition of 64 tokens) requests its keys and values before the
+programmatic-dependent-launch wait (that kernel's own gather), then loads its heads' queries (the
+wait is for them), takes the two products, and stores a normalized output. It leaves out RoPE, the
+new token's K/V store and the merge of partitions: every partition writes the same output rows, so
+the tokens are wrong. bench/batch1_tiles.py's `--least-attention` runs it in place of the real
+kernel, beside `--without-attention` (no kernel at all): the difference between the two is the
+launch's own price (bench/RESULTS-gpu.md, session 69).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.rope_attention import RopeAttention
+from engine.kernels.rope_attention import RopeAttention, gather_partition
 
 
 @triton.jit
@@ -37,13 +37,8 @@ def _least_attention(
     if s * PART >= ctx:
         return
     d = tl.arange(0, D)
-    tok = s * PART + tl.arange(0, PART)
-    valid = tok < ctx - 1  # the positions before the new token's
-    block_ids = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
-    slots = block_ids.to(tl.int64) * BLOCK + tok % BLOCK
-    base = pool_ptr + slots[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-    k = tl.load(base, mask=valid[:, None], other=0.0)  # (PART, D)
-    v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
+    k, v, valid = gather_partition(pool_ptr, tables_ptr, b, kvh, s, ctx - 1, stride_slot,
+                                   stride_kv, stride_ph, stride_tb, D, BLOCK, PART)  # fmt: skip
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -64,16 +59,11 @@ def _least_attention(
 
 
 def least_call(
-    self: RopeAttention,
-    qkv: torch.Tensor,
-    inv_freq: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    slots: torch.Tensor,
-    pdl: bool = False,
+    self: RopeAttention, qkv: torch.Tensor, *tensors: torch.Tensor, pdl: bool = False
 ) -> torch.Tensor:
-    """RopeAttention.__call__'s arguments, the least kernel launched on the same grid."""
+    """RopeAttention.__call__'s arguments (qkv, inv_freq, pool, tables, context_lens, slots),
+    the least kernel launched on the same grid."""
+    _, pool, tables, context_lens, _ = tensors
     b, _, hd = qkv.shape
     out = torch.empty((b, self.n_heads, hd), dtype=qkv.dtype, device=qkv.device)
     _least_attention[(b, self.n_kv, self.max_parts)](
@@ -90,7 +80,7 @@ def least_call(
 def least_attention() -> Iterator[None]:
     """While the block runs, RopeAttention launches the least kernel instead of its own."""
     call = RopeAttention.__call__
-    RopeAttention.__call__ = least_call  # type: ignore[method-assign]
+    RopeAttention.__call__ = least_call  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:

@@ -5,12 +5,10 @@ Triton's interpreter."""
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from bench.batch1_tiles import SHAPES, parse_variant, tiles_of, without_attention
 from bench.least_attention import least_attention, least_call
@@ -62,10 +60,5 @@ def test_the_least_attention_kernel_is_launched_only_inside() -> None:
 
 
 def test_the_least_attention_kernel_is_attention_over_one_partition_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "from bench.least_attention import check_small; check_small()"
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("max error") == 3
+    out = run_interpreted("from bench.least_attention import check_small; check_small()")
+    assert out.count("max error") == 3

@@ -4,11 +4,8 @@ quantisation in groups."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import torch
+from interpreted import run_interpreted
 
 from bench.int8_activations import quantize_groups
 
@@ -34,12 +31,7 @@ for group in (8, 16, 32):
 
 
 def test_the_dp4a_kernel_equals_its_reference_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("relative error") == 6
+    assert run_interpreted(CHECK).count("relative error") == 6
 
 
 def test_inputs_are_quantised_to_half_a_step_of_their_group() -> None:

@@ -4,25 +4,17 @@ GPU). Its configs' text is parsed as the benchmark takes it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from bench.persistent_layers import DEFAULT_CONFIGS, LLAMA3_8B, Config
 from bench.persistent_layers_cuda import CudaConfig
 
 
 def test_the_persistent_kernel_equals_the_launched_chain_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "from bench.persistent_layers import check_small; check_small()"
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "relative error" in done.stdout
+    out = run_interpreted("from bench.persistent_layers import check_small; check_small()")
+    assert "relative error" in out
 
 
 def test_default_configs_split_every_product_into_whole_tiles() -> None:

@@ -4,24 +4,16 @@ configs' text as the benchmark takes it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from interpreted import run_interpreted
 
 from bench.persistent_layers import LLAMA3_8B
 from bench.split_mlp import DEFAULT_CONFIGS, SplitConfig
 
 
 def test_the_split_mlp_chain_equals_the_launched_chain_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "from bench.split_mlp import check_small; check_small()"
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("relative error") == 2
+    out = run_interpreted("from bench.split_mlp import check_small; check_small()")
+    assert out.count("relative error") == 2
 
 
 def test_default_configs_read_back_and_fit_the_8b_shapes() -> None:
