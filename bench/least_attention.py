@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.rope_attention import RopeAttention, gather_partition
+from engine.kernels.paged_kv import gather_kv
+from engine.kernels.rope_attention import RopeAttention
 
 
 @triton.jit
@@ -37,8 +38,9 @@ def _least_attention(
     if s * PART >= ctx:
         return
     d = tl.arange(0, D)
-    k, v, valid = gather_partition(pool_ptr, tables_ptr, b, kvh, s, ctx - 1, stride_slot,
-                                   stride_kv, stride_ph, stride_tb, D, BLOCK, PART)  # fmt: skip
+    k, v, valid = gather_kv(pool_ptr, tables_ptr, b, kvh, s * PART, ctx - 1, stride_slot,
+                            stride_kv, stride_ph, stride_tb, D, BLOCK, PART,
+                            pool_ptr.dtype.element_ty)  # fmt: skip
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.merge import merge_when_last
+from engine.kernels.paged_kv import gather_kv
 
 
 # Strides that differ between eager steps and graphs, or from step to step (the block tables'
@@ -92,19 +93,14 @@ def _partial(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    offs = tl.arange(0, TILE)
     first = s * PART
     # DYNAMIC: only the tiles that hold some of the context; else static bounds, tiles past the
     # context masked.
     tiles = tl.cdiv(tl.minimum(ctx - first, PART), TILE) if DYNAMIC else PART // TILE
     for j in range(tiles):
-        tok = first + j * TILE + offs
-        valid = tok < ctx
-        block_id = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
-        slot = block_id.to(tl.int64) * BLOCK + tok % BLOCK
-        base = pool_ptr + slot[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-        k = tl.load(base, mask=valid[:, None], other=0.0).to(q.dtype)  # (TILE, D)
-        v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0).to(q.dtype)
+        k, v, valid = gather_kv(pool_ptr, tables_ptr, b, kvh, first + j * TILE, ctx, stride_slot,
+                                stride_kv, stride_ph, stride_tb, D, BLOCK, TILE,
+                                q.dtype)  # fmt: skip
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (GROUP_PAD, TILE)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))

@@ -26,25 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.merge import merge_when_last
-
-
-@triton.jit
-def gather_partition(
-    pool_ptr, tables_ptr, b, kvh, s, pos, stride_slot, stride_kv, stride_ph, stride_tb,
-    D: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
-):  # fmt: skip
-    """Sequence b's partition s of keys and values of KV head kvh, (PART, D) each, in one gather
-    (its block ids, then the rows), and which of its positions are before `pos`; the others read
-    as zeros."""
-    d = tl.arange(0, D)
-    tok = s * PART + tl.arange(0, PART)
-    valid = tok < pos
-    block_ids = tl.load(tables_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0)
-    slots = block_ids.to(tl.int64) * BLOCK + tok % BLOCK
-    base = pool_ptr + slots[:, None] * stride_slot + kvh * stride_ph + d[None, :]
-    k = tl.load(base, mask=valid[:, None], other=0.0)
-    v = tl.load(base + stride_kv, mask=valid[:, None], other=0.0)
-    return k, v, valid
+from engine.kernels.paged_kv import gather_kv
 
 
 @triton.jit
@@ -71,8 +53,9 @@ def _rope_attention(
     # Earlier steps wrote these keys and values, not the kernel before this one, and the block
     # table is an input of the step: requested before the wait, their latency hides behind that
     # kernel's tail (bench/RESULTS-gpu.md, session 38).
-    k, v, valid = gather_partition(pool_ptr, tables_ptr, b, kvh, s, pos, stride_slot, stride_kv,
-                                   stride_ph, stride_tb, D, BLOCK, PART)  # fmt: skip
+    k, v, valid = gather_kv(pool_ptr, tables_ptr, b, kvh, s * PART, pos, stride_slot, stride_kv,
+                            stride_ph, stride_tb, D, BLOCK, PART,
+                            pool_ptr.dtype.element_ty)  # fmt: skip
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
